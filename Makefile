@@ -1,0 +1,34 @@
+# Two commands for a fresh machine (see README):  make demo   /   make test
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+export RAY_AUTH_MODE ?= disabled
+export RAY_USAGE_STATS_ENABLED ?= 0
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
+
+.PHONY: install demo test test-fast test-integration clean
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/kinesis-actors demo $(ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest tests/unit tests/contract $(PYTEST_ARGS)
+
+test-integration: install
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+test: install
+	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,98 @@
+"""AWS settings shared by the broker, its actors and the DynamoDB lease store.
+
+An :class:`AwsSettings` is a small picklable value: it crosses into Ray actors, where
+each process builds its own boto3 clients from it (boto3 clients cannot be pickled).
+Credentials follow boto3's default chain unless ``test_credentials`` (fixed dummy keys
+for emulators) or explicit frozen credentials from a ``boto3.Session`` are given.
+``repr()`` never shows a secret.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+__all__ = ["AwsSettings", "TEST_ACCESS_KEY", "TEST_SECRET_KEY", "DEFAULT_REGION"]
+
+TEST_ACCESS_KEY = "testing"
+TEST_SECRET_KEY = "testing"
+DEFAULT_REGION = "us-east-1"
+
+
+@dataclasses.dataclass(frozen=True)
+class AwsSettings:
+    """Where and as whom to call AWS.
+
+    Attributes:
+        endpoint: endpoint URL for every service (an emulator such as
+            ``http://127.0.0.1:5000``), or None for AWS itself.
+        region: AWS region name, or None for boto3's default chain.
+        test_credentials: use fixed dummy keys (``testing``/``testing``), for emulators.
+        credentials: ``(access_key, secret_key, token)`` frozen from a ``boto3.Session``,
+            or None for the default credential chain (resolved lazily on the first call).
+        profile: a named profile of the AWS config files, or None.
+        connect_timeout_s / read_timeout_s: botocore socket timeouts, seconds.
+        max_attempts: botocore ``standard`` retry mode attempts (throttling, 5xx, network).
+    """
+
+    endpoint: str | None = None
+    region: str | None = None
+    test_credentials: bool = False
+    credentials: tuple[str, str, str | None] | None = dataclasses.field(default=None, repr=False)
+    profile: str | None = None
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 10.0
+    max_attempts: int = 3
+
+    def merged_over(self, base: "AwsSettings") -> "AwsSettings":
+        """Return these settings with every unset field (None/False) taken from ``base``."""
+        changes: dict[str, Any] = {}
+        for name in ("endpoint", "region", "credentials", "profile"):
+            if getattr(self, name) is None and getattr(base, name) is not None:
+                changes[name] = getattr(base, name)
+        if not self.test_credentials and base.test_credentials and self.credentials is None:
+            changes["test_credentials"] = True
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def session(self) -> Any:
+        """A new ``boto3.Session`` for these settings (cached per process and settings)."""
+        import boto3
+
+        with _LOCK:
+            cached = _SESSIONS.get(self)
+            if cached is None:
+                kwargs: dict[str, Any] = {}
+                if self.test_credentials:
+                    kwargs.update(aws_access_key_id=TEST_ACCESS_KEY, aws_secret_access_key=TEST_SECRET_KEY)
+                elif self.credentials is not None:
+                    key, secret, token = self.credentials
+                    kwargs.update(aws_access_key_id=key, aws_secret_access_key=secret, aws_session_token=token)
+                if self.profile:
+                    kwargs["profile_name"] = self.profile
+                region = self.region or (DEFAULT_REGION if self.test_credentials else None)
+                if region:
+                    kwargs["region_name"] = region
+                cached = _SESSIONS[self] = boto3.Session(**kwargs)
+            return cached
+
+    def client(self, service: str, *, read_timeout_s: float | None = None, max_attempts: int | None = None) -> Any:
+        """A boto3 client for ``service`` (``"kinesis"`` or ``"dynamodb"``).
+
+        Uses botocore's ``standard`` retry mode (exponential backoff with jitter on
+        throttling, 5xx and network errors) and the socket timeouts above. Building a
+        client does no network I/O; credentials are fetched on the first request.
+        """
+        from botocore.config import Config
+
+        config = Config(
+            connect_timeout=self.connect_timeout_s,
+            read_timeout=read_timeout_s if read_timeout_s is not None else self.read_timeout_s,
+            retries={"mode": "standard", "max_attempts": max_attempts or self.max_attempts},
+            max_pool_connections=32,
+        )
+        return self.session().client(service, endpoint_url=self.endpoint, config=config)
+
+
+_LOCK = threading.Lock()
+_SESSIONS: dict[AwsSettings, Any] = {}

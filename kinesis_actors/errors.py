@@ -1,0 +1,177 @@
+"""The one error family of ``kinesis_actors`` and the single botocore translation point.
+
+Hierarchy::
+
+    KinesisError                      base of everything this library raises
+    ├── NotConnectedError             broker not connected yet, or shut down
+    ├── InvalidError                  bad argument, refused before any AWS call
+    ├── StreamError                   stream missing / deleted / bad credentials
+    ├── LeaseLostError                conditional write failed: someone else holds the lease
+    ├── LeaseStoreError               lease table missing or unreachable past retries
+    └── SinkError                     the downstream gave up after ``max_sink_retries``
+
+Every error carries ``retriable`` (a retry of the same call may succeed) and, when it
+was translated from botocore, ``aws_code`` (the AWS error code, e.g.
+``ResourceNotFoundException``) with the botocore exception chained as ``__cause__``.
+Messages never contain credentials: only operation names, codes and resource names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "KinesisError",
+    "NotConnectedError",
+    "InvalidError",
+    "StreamError",
+    "LeaseLostError",
+    "LeaseStoreError",
+    "SinkError",
+    "aws_error_code",
+    "translate_aws_error",
+    "is_throttling",
+    "THROTTLING_CODES",
+    "AUTH_CODES",
+]
+
+
+class KinesisError(Exception):
+    """Base class of every error raised by ``kinesis_actors``.
+
+    Attributes:
+        retriable: True when repeating the same call later may succeed
+            (throttling, a network error); False for a definite answer.
+        aws_code: the AWS error code this error was translated from, or None.
+    """
+
+    retriable: bool = False
+
+    def __init__(self, message: str, *, aws_code: str | None = None, retriable: bool | None = None):
+        super().__init__(message)
+        self.aws_code = aws_code
+        if retriable is not None:
+            self.retriable = retriable
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep keyword attributes when the error crosses a Ray process boundary.
+        return (_rebuild_error, (type(self), str(self), self.aws_code, self.retriable))
+
+
+def _rebuild_error(cls: type, message: str, aws_code: str | None, retriable: bool) -> KinesisError:
+    return cls(message, aws_code=aws_code, retriable=retriable)
+
+
+class NotConnectedError(KinesisError):
+    """The broker is not connected yet, or ``shutdown()`` closed it.
+
+    Raised by publishers and seek handles that outlive their connection: never a
+    silent success.
+    """
+
+
+class InvalidError(KinesisError, ValueError):
+    """An argument is invalid; raised before any AWS call. The message names the bad value."""
+
+
+class StreamError(KinesisError):
+    """The stream is missing, was deleted while being read, or AWS refused the credentials."""
+
+
+class LeaseLostError(KinesisError):
+    """A conditional lease write failed: the caller no longer holds the lease.
+
+    Nothing was written. The reader holding it stops at once and acknowledges nothing more.
+    """
+
+
+class LeaseStoreError(KinesisError):
+    """The lease table is missing (without ``create_if_missing``) or unreachable past retries."""
+
+
+class SinkError(KinesisError):
+    """The downstream raised on a batch ``max_sink_retries`` times; the cause is chained."""
+
+
+THROTTLING_CODES = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "LimitExceededException",
+        "ThrottlingException",
+        "Throttling",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "InternalFailure",
+        "InternalServerError",
+        "ServiceUnavailable",
+        "ServiceUnavailableException",
+        "KMSThrottlingException",
+    }
+)
+AUTH_CODES = frozenset(
+    {
+        "UnrecognizedClientException",
+        "InvalidSignatureException",
+        "AccessDeniedException",
+        "ExpiredTokenException",
+        "InvalidClientTokenId",
+        "MissingAuthenticationToken",
+        "IncompleteSignature",
+    }
+)
+
+
+def aws_error_code(exc: BaseException) -> str | None:
+    """Return the AWS error code of a botocore ``ClientError`` (``Error.Code``), else None."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        return str(code) if code else None
+    return None
+
+
+def is_throttling(exc: BaseException) -> bool:
+    """True for throttling, service-side transient errors and network errors (retry with backoff)."""
+    from botocore.exceptions import (  # local import: keeps `import kinesis_actors` light
+        ConnectionError as BotoConnectionError,
+        HTTPClientError,
+        ReadTimeoutError,
+    )
+
+    if isinstance(exc, (BotoConnectionError, HTTPClientError, ReadTimeoutError)):
+        return True
+    code = aws_error_code(exc)
+    if code in THROTTLING_CODES:
+        return True
+    status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return isinstance(status, int) and status >= 500
+
+
+def translate_aws_error(exc: BaseException, *, operation: str, resource: str = "") -> KinesisError:
+    """Translate a botocore exception into the ``KinesisError`` family (the one place that does).
+
+    Args:
+        exc: the botocore exception (``ClientError``, ``NoCredentialsError``, a network error).
+        operation: the AWS API called, e.g. ``"GetRecords"``; goes into the message.
+        resource: the stream or table name, for the message. Never a credential.
+
+    Returns:
+        The translated error; the caller raises it ``from exc`` to chain the cause.
+    """
+    from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+
+    where = f"{operation} on {resource!r}" if resource else operation
+    if isinstance(exc, KinesisError):
+        return exc
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        return StreamError(f"{where}: no AWS credentials found (authentication failed)", retriable=False)
+    code = aws_error_code(exc)
+    if code in AUTH_CODES:
+        return StreamError(f"{where}: AWS refused the credentials (authentication failed: {code})", aws_code=code)
+    if code == "ResourceNotFoundException":
+        return StreamError(f"{where}: resource not found", aws_code=code)
+    if code in ("InvalidArgumentException", "ValidationException"):
+        return InvalidError(f"{where}: {exc}", aws_code=code)
+    if is_throttling(exc):
+        return KinesisError(f"{where}: {code or type(exc).__name__} (transient)", aws_code=code, retriable=True)
+    return KinesisError(f"{where}: {code or type(exc).__name__}: {exc}", aws_code=code)

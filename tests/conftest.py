@@ -1,0 +1,48 @@
+"""Shared fixtures: hermetic AWS environment, one embedded emulator and one Ray runtime per session."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+# Ray 2.60 trip-wires (ENVIRONMENT.md): no token auth, no usage stats, loopback only.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+@pytest.fixture(autouse=True)
+def _hermetic_aws(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No test can reach a real AWS account or the instance-metadata address."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name, raising=False)
+    empty = tmp_path_factory.getbasetemp() / "empty-aws-config"
+    empty.touch()
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+
+
+@pytest.fixture(scope="session")
+def emulator() -> Iterator[object]:
+    """The embedded emulator (moto server, Kinesis + DynamoDB) on 127.0.0.1, one per session."""
+    from kinesis_actors.emulator import Emulator
+
+    with Emulator() as emu:
+        yield emu
+
+
+@pytest.fixture(scope="session")
+def endpoint(emulator: object) -> str:
+    """HTTP endpoint URL of the session's emulator."""
+    return emulator.endpoint  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def unique() -> str:
+    """A unique lower-case suffix for stream and table names."""
+    return uuid.uuid4().hex[:10]
