@@ -1,0 +1,133 @@
+"""Configuration of a subscription: :class:`KinesisStream`, a frozen, validated dataclass.
+
+The first argument (the stream name) is positional, the rest keyword-only. Durations
+are seconds as floats with an ``_s`` suffix (Ray's habit). Everything is checked on
+creation, so a bad value raises :class:`~kinesis_actors.errors.InvalidError` before
+any AWS call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import InvalidError
+from .records import StartAt
+
+__all__ = ["KinesisStream", "validate_stream_name", "positive_duration"]
+
+_STREAM_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
+_READER_OPTION_KEYS = frozenset(
+    {"num_cpus", "num_gpus", "memory", "resources", "scheduling_strategy", "runtime_env", "label_selector"}
+)
+
+
+def validate_stream_name(name: object) -> str:
+    """Return ``name`` if it is a valid Kinesis stream name (1-128 of ``[a-zA-Z0-9_.-]``).
+
+    Raises:
+        InvalidError: empty, not a string, or with other characters.
+    """
+    if not isinstance(name, str) or not _STREAM_RE.match(name):
+        raise InvalidError(f"stream name must be 1-128 characters of [a-zA-Z0-9_.-], got {name!r}")
+    return name
+
+
+def positive_duration(what: str, value: object) -> float:
+    """Return ``value`` as a float if it is a finite number > 0, else raise InvalidError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidError(f"{what} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _positive_int(what: str, value: object, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidError(f"{what} must be a positive int, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class KinesisStream:
+    """One subscription's stream and how to read it.
+
+    Args:
+        name: the stream name (positional).
+        create_if_missing: create the stream with this many shards if it does not exist
+            (``CreateStream``, then wait up to 60 s for ``ACTIVE``); None to require it.
+            0, a negative number or a bool is refused.
+        start_at: where a shard with no checkpoint opens (default ``StartAt.latest()``).
+            Resolved once per shard and recorded in its lease row (``start_position``).
+            Children of a resharded shard always open at ``TRIM_HORIZON``.
+        shard_sync_interval_s: how often the Coordinator calls ``ListShards`` (10.0 s).
+        lease_poll_interval_s: how often the Coordinator reads the lease table to take
+            free and expired leases (2.0 s).
+        max_leases: most leases this subscription holds at once (None: no limit).
+        max_leases_to_steal: most leases stolen per lease-poll interval when balancing (1).
+        max_records: ``Limit`` of each ``GetRecords`` call, 1..10,000 (10,000); also the
+            most user records in one delivered batch.
+        idle_wait_s: wait before the next ``GetRecords`` when a shard is at its tip (0.25 s).
+            Calls on one shard are never closer than 0.2 s (5 per second, the AWS limit).
+        reader_options: Ray actor options for each ``ShardReader`` (``num_cpus``,
+            ``resources``, ``scheduling_strategy``, ``memory``, ``runtime_env``...).
+            Defaults: ``num_cpus=0``, ``scheduling_strategy="SPREAD"``.
+        max_sink_retries: attempts after the first failed delivery of a batch before
+            the subscription fails with ``SinkError`` (5).
+        sink_method: name of the sink actor's method called with each batch ("process_batch").
+        dead_letter: a ``Publisher`` that receives a batch the sink refused
+            ``max_sink_retries`` times; the batch is acknowledged only once published there.
+
+    Raises:
+        InvalidError: any value out of range, named in the message.
+    """
+
+    name: str
+    _: dataclasses.KW_ONLY
+    create_if_missing: int | None = None
+    start_at: StartAt = dataclasses.field(default_factory=StartAt.latest)
+    shard_sync_interval_s: float = 10.0
+    lease_poll_interval_s: float = 2.0
+    max_leases: int | None = None
+    max_leases_to_steal: int = 1
+    max_records: int = 10_000
+    idle_wait_s: float = 0.25
+    reader_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    max_sink_retries: int = 5
+    sink_method: str = "process_batch"
+    dead_letter: Any = None
+
+    def __post_init__(self) -> None:
+        validate_stream_name(self.name)
+        if self.create_if_missing is not None:
+            n = self.create_if_missing
+            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+                raise InvalidError(f"create_if_missing must be a positive number of shards or None, got {n!r}")
+        if not isinstance(self.start_at, StartAt):
+            raise InvalidError(f"start_at must be a StartAt (e.g. StartAt.trim_horizon()), got {self.start_at!r}")
+        if self.start_at.needs_shard:
+            raise InvalidError(f"start_at {self.start_at} names one shard's sequence number; use seek() for that")
+        positive_duration("shard_sync_interval_s", self.shard_sync_interval_s)
+        positive_duration("lease_poll_interval_s", self.lease_poll_interval_s)
+        positive_duration("idle_wait_s", self.idle_wait_s)
+        _positive_int("max_leases", self.max_leases, allow_none=True)
+        if isinstance(self.max_leases_to_steal, bool) or not isinstance(self.max_leases_to_steal, int) or self.max_leases_to_steal < 0:
+            raise InvalidError(f"max_leases_to_steal must be an int >= 0, got {self.max_leases_to_steal!r}")
+        _positive_int("max_records", self.max_records)
+        if self.max_records > 10_000:
+            raise InvalidError(f"max_records must be at most 10000 (the GetRecords limit), got {self.max_records}")
+        if isinstance(self.max_sink_retries, bool) or not isinstance(self.max_sink_retries, int) or self.max_sink_retries < 0:
+            raise InvalidError(f"max_sink_retries must be an int >= 0, got {self.max_sink_retries!r}")
+        if not isinstance(self.sink_method, str) or not self.sink_method.isidentifier():
+            raise InvalidError(f"sink_method must be a method name, got {self.sink_method!r}")
+        unknown = set(self.reader_options) - _READER_OPTION_KEYS
+        if unknown:
+            raise InvalidError(f"unknown reader_options {sorted(unknown)}; allowed: {sorted(_READER_OPTION_KEYS)}")
+        if self.dead_letter is not None and not callable(getattr(self.dead_letter, "put_many", None)):
+            raise InvalidError(f"dead_letter must be a Publisher (with put_many), got {self.dead_letter!r}")
+
+    def actor_options(self) -> dict[str, Any]:
+        """Ray ``.options()`` for a ShardReader: defaults ``num_cpus=0``, ``SPREAD``, then ``reader_options``."""
+        return {"num_cpus": 0, "scheduling_strategy": "SPREAD", **dict(self.reader_options)}

@@ -1,0 +1,178 @@
+"""Publisher: ``PutRecords`` with automatic splitting, retries of failed entries, results in order."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .aws import AwsSettings
+from .config import validate_stream_name
+from .connection import ConnectionState
+from .errors import InvalidError, KinesisError, is_throttling, translate_aws_error
+
+__all__ = ["Publisher", "PutResult", "MAX_RECORD_BYTES", "MAX_REQUEST_BYTES", "MAX_REQUEST_RECORDS"]
+
+log = logging.getLogger(__name__)
+
+MAX_RECORD_BYTES = 1024 * 1024
+"""Largest data blob of one record (1 MiB, the Kinesis limit)."""
+MAX_REQUEST_BYTES = 5 * 1024 * 1024
+"""Largest ``PutRecords`` request: data plus partition keys (5 MiB)."""
+MAX_REQUEST_RECORDS = 500
+"""Most records in one ``PutRecords`` call."""
+_MAX_HASH_KEY = 2**128 - 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PutResult:
+    """Where a published record landed: ``shard_id`` and ``sequence_number`` (decimal string)."""
+
+    shard_id: str
+    sequence_number: str
+
+
+def _entry(item: Sequence[Any]) -> dict[str, Any]:
+    if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+        raise InvalidError(f"put_many items are (data, partition_key) or (data, partition_key, explicit_hash_key), got {item!r:.80}")
+    data, key = item[0], item[1]
+    ehk = item[2] if len(item) == 3 else None
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    elif isinstance(data, (bytearray, memoryview)):
+        data = bytes(data)
+    if not isinstance(data, bytes):
+        raise InvalidError(f"record data must be bytes or str, got {type(data).__name__}")
+    if len(data) > MAX_RECORD_BYTES:
+        raise InvalidError(f"record data is {len(data)} bytes; the Kinesis limit is {MAX_RECORD_BYTES} (1 MiB)")
+    if not isinstance(key, str) or not 1 <= len(key) <= 256:
+        raise InvalidError(f"partition_key must be a str of 1-256 characters, got {key!r:.80}")
+    entry: dict[str, Any] = {"Data": data, "PartitionKey": key}
+    if ehk is not None:
+        if not (isinstance(ehk, str) and ehk.isdigit() and int(ehk) <= _MAX_HASH_KEY):
+            raise InvalidError(f"explicit_hash_key must be a decimal string in 0..2**128-1, got {ehk!r:.80}")
+        entry["ExplicitHashKey"] = ehk
+    return entry
+
+
+def _chunks(entries: list[dict[str, Any]]) -> Iterable[list[int]]:
+    """Indexes of ``entries`` split into requests of <= 500 records and <= 5 MiB."""
+    chunk: list[int] = []
+    size = 0
+    for i, e in enumerate(entries):
+        n = len(e["Data"]) + len(e["PartitionKey"].encode("utf-8"))
+        if chunk and (len(chunk) == MAX_REQUEST_RECORDS or size + n > MAX_REQUEST_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(i)
+        size += n
+    if chunk:
+        yield chunk
+
+
+class Publisher:
+    """Publishes records to one stream with ``PutRecords``.
+
+    Taken from a broker (``broker.publisher("orders")``), before or after ``connect()``;
+    it raises ``NotConnectedError`` before the broker connects and after it shuts down.
+    It can be passed to Ray tasks and actors: it pickles its settings and rebuilds its
+    boto3 client there.
+
+    Failed entries of a ``PutRecords`` response (``ProvisionedThroughputExceededException``,
+    ``InternalFailure``) are retried with exponential backoff and full jitter (0.1 s
+    doubling to 5 s) up to ``max_attempts`` calls; botocore's own standard retries
+    cover throttling of the whole call.
+    """
+
+    def __init__(self, stream: str, state: ConnectionState, *, max_attempts: int = 10) -> None:
+        self.stream = validate_stream_name(stream)
+        self._state = state
+        self._max_attempts = max_attempts
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_publisher, (self.stream, self._state.require(), self._max_attempts))
+
+    def __repr__(self) -> str:
+        return f"Publisher({self.stream!r})"
+
+    def put(self, data: bytes | str, partition_key: str, explicit_hash_key: str | None = None) -> PutResult:
+        """Publish one record.
+
+        Args:
+            data: the payload (bytes, or str encoded as UTF-8), at most 1 MiB.
+            partition_key: 1-256 characters; chooses the shard (MD5 hash) unless
+                ``explicit_hash_key`` (a decimal string in 0..2**128-1) is given.
+
+        Returns:
+            The record's shard id and sequence number.
+
+        Raises:
+            InvalidError: bad data or key, before any AWS call.
+            NotConnectedError: the broker is not connected or was shut down.
+            StreamError: the stream does not exist or the credentials were refused.
+            KinesisError: the record could not be published after ``max_attempts``.
+        """
+        item = (data, partition_key) if explicit_hash_key is None else (data, partition_key, explicit_hash_key)
+        return self.put_many([item])[0]
+
+    def put_many(self, items: Iterable[Sequence[Any]]) -> list[PutResult]:
+        """Publish many records; results in input order.
+
+        Args:
+            items: ``(data, partition_key)`` or ``(data, partition_key, explicit_hash_key)``
+                tuples. Split automatically into ``PutRecords`` calls of at most 500
+                records and 5 MiB.
+
+        Returns:
+            One :class:`PutResult` per item, in input order.
+
+        Raises:
+            The same as :meth:`put`; every item is validated before the first call.
+        """
+        entries = [_entry(item) for item in items]
+        client = self._state.client("kinesis")
+        results: list[PutResult | None] = [None] * len(entries)
+        for chunk in _chunks(entries):
+            self._put_chunk(client, entries, chunk, results)
+        return results  # type: ignore[return-value]
+
+    def _put_chunk(self, client: Any, entries: list[dict[str, Any]], pending: list[int], results: list[PutResult | None]) -> None:
+        attempt = 0
+        while pending:
+            attempt += 1
+            try:
+                response = client.put_records(StreamName=self.stream, Records=[entries[i] for i in pending])
+            except Exception as e:  # botocore errors: translated in one place
+                err = translate_aws_error(e, operation="PutRecords", resource=self.stream)
+                if not (err.retriable or is_throttling(e)) or attempt >= self._max_attempts:
+                    raise err from e
+                self._backoff(attempt)
+                continue
+            failed = []
+            for i, outcome in zip(pending, response["Records"]):
+                if outcome.get("ErrorCode"):
+                    failed.append(i)
+                else:
+                    results[i] = PutResult(outcome["ShardId"], outcome["SequenceNumber"])
+            if failed:
+                if attempt >= self._max_attempts:
+                    codes = {response["Records"][pending.index(i)].get("ErrorCode") for i in failed}
+                    raise KinesisError(
+                        f"PutRecords on {self.stream!r}: {len(failed)} records still failing after "
+                        f"{attempt} attempts ({', '.join(sorted(c for c in codes if c))})",
+                        retriable=True,
+                    )
+                log.debug("PutRecords on %s: %d of %d entries failed, retrying", self.stream, len(failed), len(pending))
+                self._backoff(attempt)
+            pending = failed
+
+    @staticmethod
+    def _backoff(attempt: int) -> None:
+        time.sleep(random.uniform(0, min(5.0, 0.1 * 2 ** (attempt - 1))))
+
+
+def _rebuild_publisher(stream: str, aws: AwsSettings, max_attempts: int) -> Publisher:
+    return Publisher(stream, ConnectionState.detached(aws), max_attempts=max_attempts)

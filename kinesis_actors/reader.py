@@ -1,0 +1,554 @@
+"""ShardReader: one shard lease, one read loop: GetRecords -> deliver -> acknowledge -> checkpoint.
+
+Fault model (what is checkpointed, what is idempotent):
+
+* The checkpoint is written only after the downstream acknowledged the batch, so a
+  crash anywhere re-delivers at most the batch in flight (at-least-once).
+* Every store write is conditional on the lease owner and counter (fencing). Writes of
+  one reader are serialised and always use the latest :class:`Lease`.
+* The renew task runs beside the read loop. It renews only while the loop shows signs
+  of life (a heartbeat stamped at every step and every ``renew_interval_s`` while it
+  waits on the downstream): a stuck loop lets its lease lapse; a slow downstream never does.
+* ``LeaseLostError`` stops the reader at once: nothing more is written, the batch in
+  flight is not acknowledged. Throttled or failing renewals are retried until the
+  reader's own deadline (last successful write + lease duration - a margin), then the
+  reader stops the same way.
+* ``GetRecords`` runs in a worker thread with a socket timeout shorter than the lease;
+  ``ExpiredIteratorException`` gets a new iterator after the last acknowledged record;
+  throttling backs off exponentially with jitter (first wait >= 0.2 s, cap 5 s). Calls
+  on one shard are never closer than 0.2 s (the 5 calls/s/shard limit).
+
+:class:`ShardReaderCore` is a plain asyncio class (a unit test drives it with an
+in-process store and a fake Kinesis client); :class:`ShardReader` is the thin Ray actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .aws import AwsSettings
+from .errors import KinesisError, LeaseLostError, SinkError, StreamError, aws_error_code, is_throttling, translate_aws_error
+from .leases.protocol import SHARD_END, Lease, LeaseStore
+from .records import Record, StartAt, records_from_response, seq_key
+
+__all__ = ["ReaderSpec", "ShardReaderCore", "ShardReader", "ReaderOutcome"]
+
+log = logging.getLogger(__name__)
+
+MIN_CALL_SPACING_S = 0.2
+"""Shortest gap between two GetRecords on one shard: 5 calls per second, the AWS limit."""
+
+
+class ReaderOutcome:
+    """How a read loop ended (the value ``run()`` returns)."""
+
+    SHARD_END = "shard_end"  # read to its end, acknowledged, SHARD_END written, lease released
+    LOST = "lost"  # lease lost or lapsed: stopped without writing
+    CLOSED = "closed"  # stopped on request; checkpointed and released (or kept, if asked)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderSpec:
+    """What a reader needs besides its lease (all picklable).
+
+    Attributes:
+        stream, shard_id: what to read. owner_id: the lease owner it reads for.
+        start_at: position for a shard with no checkpoint and no recorded start position.
+        ending_sequence_number: set for a closed shard: reaching it is shard end.
+        lease_duration_s / renew_interval_s: lease timing, seconds.
+        max_records: ``GetRecords`` ``Limit`` and the most records per delivered batch.
+        idle_wait_s: wait at the tip before the next ``GetRecords``, seconds.
+        max_sink_retries: retries of a failing batch before ``SinkError``.
+        aws: settings to build the reader's Kinesis client.
+        sink_method: the sink actor's method name (Ray shell only).
+        dead_letter: a Publisher for batches the sink refused, or None.
+    """
+
+    stream: str
+    shard_id: str
+    owner_id: str
+    start_at: StartAt
+    lease_duration_s: float
+    renew_interval_s: float
+    aws: AwsSettings | None = None
+    ending_sequence_number: str | None = None
+    max_records: int = 10_000
+    idle_wait_s: float = 0.25
+    max_sink_retries: int = 5
+    sink_method: str = "process_batch"
+    dead_letter: Any = None
+
+    @property
+    def renew_deadline_s(self) -> float:
+        """How long after its last successful write a reader keeps retrying a failing renewal."""
+        return max(self.lease_duration_s - max(self.renew_interval_s, 0.1 * self.lease_duration_s), 0.5 * self.lease_duration_s)
+
+
+Deliver = Callable[[list[Record]], Awaitable[Any]]
+
+
+class ShardReaderCore:
+    """The read loop of one shard lease, with its renew task (plain asyncio, no Ray).
+
+    Args:
+        spec: see :class:`ReaderSpec`.
+        lease: the lease as the Coordinator took it (its owner and counter fence every write).
+        store: the lease store (blocking calls, run in worker threads).
+        deliver: ``async deliver(records)``; returning is the acknowledgement, raising a failure.
+        kinesis: a boto3 Kinesis client (blocking; called in worker threads).
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    def __init__(self, spec: ReaderSpec, lease: Lease, store: LeaseStore, deliver: Deliver, kinesis: Any,
+                 *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.spec = spec
+        self._lease = lease
+        self._store = store
+        self._deliver = deliver
+        self._kinesis = kinesis
+        self._clock = clock
+        self._write_lock = asyncio.Lock()
+        self._last_write = clock()
+        self._beat = clock()
+        self._lost = False
+        self._stopping = False
+        self._release_on_stop = True
+        self._iterator: str | None = None
+        self._resume: StartAt | None = None  # where to reopen: after the last acknowledged record
+        self._skip_through: tuple[int, int] | None = None  # drop records at or before this position
+        self._seek_to: StartAt | None = None
+        self._delivering = False
+        self._loop_task: asyncio.Task[str] | None = None
+        self._renew_task: asyncio.Task[None] | None = None
+        self._next_call_at = 0.0
+        self.stats: dict[str, Any] = {
+            "shard_id": spec.shard_id, "records": 0, "bytes": 0, "batches": 0, "get_records_calls": 0,
+            "throttles": 0, "expired_iterators": 0, "sink_failures": 0, "millis_behind_latest": None,
+            "checkpoint": lease.checkpoint, "lease_counter": lease.counter, "state": "new",
+        }
+
+    # ---------------------------------------------------------------- store writes
+    @property
+    def lease(self) -> Lease:
+        """The latest Lease this reader wrote (its counter is the fencing token)."""
+        return self._lease
+
+    async def _write(self, op: str, *args: Any, **kwargs: Any) -> Lease:
+        """One conditional store write, serialised, with the latest Lease; LeaseLostError marks us lost."""
+        async with self._write_lock:
+            if self._lost:
+                raise LeaseLostError(f"lease {self._lease.key} was lost; not writing")
+            # A write already sent must update our Lease even if we are cancelled meanwhile,
+            # or the next write (the release at close) would carry a stale counter.
+            write = asyncio.ensure_future(asyncio.to_thread(getattr(self._store, op), self._lease, *args, **kwargs))
+            try:
+                new = await asyncio.shield(write)
+            except asyncio.CancelledError:
+                try:
+                    self._applied(await write)
+                except BaseException:
+                    pass
+                raise
+            except LeaseLostError:
+                self._mark_lost(f"{op} refused: the lease changed owner or counter")
+                raise
+            return self._applied(new)
+
+    def _applied(self, new: Lease | None) -> Lease:
+        if new is not None:
+            self._lease = new
+            self.stats["lease_counter"] = new.counter
+        self._last_write = self._clock()
+        return self._lease
+
+    def _mark_lost(self, why: str) -> None:
+        if not self._lost:
+            self._lost = True
+            self.stats["state"] = "lost"
+            log.warning("shard %s: lease lost (%s); stopping without writing", self.spec.shard_id, why)
+            if self._loop_task is not None and not self._loop_task.done() and asyncio.current_task() is not self._loop_task:
+                self._loop_task.cancel()
+
+    # ---------------------------------------------------------------- open
+    def _position(self) -> StartAt | None:
+        """Where this lease says to open: after the checkpoint, else the recorded start position."""
+        lease = self._lease
+        if lease.checkpoint and lease.checkpoint != SHARD_END:
+            return StartAt.after_sequence_number(lease.checkpoint, lease.checkpoint_sub_sequence)
+        if lease.start_position:
+            return StartAt.parse(lease.start_position)
+        return None
+
+    async def open(self) -> None:
+        """Fetch the first shard iterator (and record ``start_position`` on a first open).
+
+        ``LATEST`` is resolved once: the reader records ``AT_TIMESTAMP`` of the moment it
+        asked (so a replacement reopens there, never at a later tip) and reads from the
+        ``LATEST`` iterator itself.
+
+        Raises:
+            LeaseLostError: the lease was taken away meanwhile. StreamError/KinesisError:
+            ``GetShardIterator`` failed past retries.
+        """
+        position = self._position()
+        if self._lease.checkpoint == SHARD_END:
+            self._iterator = None
+            return
+        first = position is None
+        if first:
+            start = self.spec.start_at
+            recorded = StartAt("AT_TIMESTAMP", timestamp_ms=int(time.time() * 1000)) if start.kind == "LATEST" else start
+            await self._write("set_start_position", recorded.to_str())
+            position = start
+        assert position is not None
+        self._set_resume(position)
+        self._iterator = await self._get_iterator(position)
+        self.stats["state"] = "open"
+
+    def _set_resume(self, position: StartAt) -> None:
+        self._resume = position
+
+    async def _get_iterator(self, position: StartAt) -> str:
+        """A new iterator at ``position``; records up to it are dropped from the first answers
+        (resuming inside a KPL aggregate re-reads the aggregate from its sequence number)."""
+        args = position.iterator_args()
+        if position.kind == "AFTER_SEQUENCE_NUMBER" and position.sequence_number is not None:
+            sub = position.sub_sequence_number
+            self._skip_through = (seq_key(position.sequence_number), 2**62 if sub is None else sub)
+        else:
+            self._skip_through = None
+
+        def call() -> str:
+            return self._kinesis.get_shard_iterator(StreamName=self.spec.stream, ShardId=self.spec.shard_id, **args)["ShardIterator"]
+
+        attempt = 0
+        while True:
+            try:
+                return await asyncio.to_thread(call)
+            except Exception as e:
+                attempt += 1
+                if not is_throttling(e) or attempt > 8:
+                    raise translate_aws_error(e, operation="GetShardIterator", resource=f"{self.spec.stream}/{self.spec.shard_id}") from e
+                self.stats["throttles"] += 1
+                await asyncio.sleep(self._backoff(attempt))
+
+    # ---------------------------------------------------------------- run
+    async def run(self) -> str:
+        """Read until shard end, a lost lease or :meth:`stop`; returns a :class:`ReaderOutcome` value.
+
+        Raises:
+            SinkError: the downstream refused a batch ``max_sink_retries`` times (no dead letter).
+            StreamError: the stream was deleted. KinesisError: other fatal errors.
+        """
+        if self._loop_task is not None:
+            raise RuntimeError("run() already called")
+        self._loop_task = asyncio.current_task()
+        self._renew_task = asyncio.create_task(self._renew_loop(), name=f"renew-{self.spec.shard_id}")
+        self.stats["state"] = "reading"
+        try:
+            outcome = await self._read_loop()
+        except asyncio.CancelledError:
+            if self._lost:
+                return ReaderOutcome.LOST
+            if self._stopping:
+                return await self._finish_stop()
+            raise
+        except LeaseLostError:
+            return ReaderOutcome.LOST
+        finally:
+            self._renew_task.cancel()
+            await asyncio.gather(self._renew_task, return_exceptions=True)
+        if outcome == ReaderOutcome.CLOSED:
+            return await self._finish_stop()
+        return outcome
+
+    async def _finish_stop(self) -> str:
+        if self._release_on_stop and not self._lost:
+            try:
+                await self._write("release")
+            except LeaseLostError:
+                return ReaderOutcome.LOST
+            except KinesisError as e:
+                log.warning("shard %s: release failed (%s); the lease will expire", self.spec.shard_id, e)
+        self.stats["state"] = "closed"
+        return ReaderOutcome.CLOSED
+
+    def _alive(self) -> None:
+        self._beat = self._clock()
+
+    async def _read_loop(self) -> str:
+        spec = self.spec
+        if self._lease.checkpoint == SHARD_END:
+            return ReaderOutcome.SHARD_END
+        while not self._stopping:
+            self._alive()
+            if self._seek_to is not None:
+                await self._apply_seek()
+            if self._iterator is None:
+                return await self._shard_end()
+            await self._pace()
+            response = await self._get_records()
+            if response is None:
+                continue
+            self._alive()
+            self._iterator = response.get("NextShardIterator")
+            records = records_from_response(response.get("Records", ()), shard_id=spec.shard_id, stream=spec.stream)
+            self._note_lag(response, records)
+            if self._skip_through is not None and records:
+                skip, self._skip_through = self._skip_through, None
+                records = [r for r in records if r.position > skip]
+            for start in range(0, len(records), spec.max_records):
+                if self._stopping or self._seek_to is not None:
+                    break
+                await self._deliver_and_checkpoint(records[start : start + spec.max_records])
+            if self._seek_to is not None or self._stopping:
+                continue
+            if self._at_end(response, records):
+                return await self._shard_end()
+            self._next_call_at = max(self._next_call_at, self._clock() + (0 if records else spec.idle_wait_s))
+        return ReaderOutcome.CLOSED
+
+    def _at_end(self, response: dict[str, Any], records: list[Record]) -> bool:
+        if response.get("NextShardIterator") is None:
+            return True
+        end = self.spec.ending_sequence_number
+        if end is None:
+            return False
+        done = self._lease.checkpoint
+        if done and done != SHARD_END and seq_key(done) >= seq_key(end):
+            return True
+        # A closed shard takes no writes: an empty answer at its tip is its end (moto never returns null).
+        return not records and not response.get("Records") and response.get("MillisBehindLatest", 0) == 0
+
+    async def _shard_end(self) -> str:
+        await self._write("checkpoint", SHARD_END)
+        self.stats["checkpoint"] = SHARD_END
+        await self._write("release")
+        self.stats["state"] = "shard_end"
+        log.info("shard %s: read to its end; SHARD_END written, lease released", self.spec.shard_id)
+        return ReaderOutcome.SHARD_END
+
+    async def _pace(self) -> None:
+        wait = self._next_call_at - self._clock()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    @staticmethod
+    def _backoff(attempt: int) -> float:
+        """Exponential backoff with jitter: first wait in [0.2, 0.4) s, capped at 5 s."""
+        base = min(5.0, 0.2 * 2 ** (attempt - 1))
+        return min(5.0, base + random.uniform(0, base))
+
+    async def _get_records(self) -> dict[str, Any] | None:
+        """One GetRecords call; None after handling a throttle or an expired iterator."""
+        iterator = self._iterator
+        self._next_call_at = self._clock() + MIN_CALL_SPACING_S
+        self.stats["get_records_calls"] += 1
+        try:
+            response = await asyncio.to_thread(self._kinesis.get_records, ShardIterator=iterator, Limit=self.spec.max_records)
+        except Exception as e:
+            code = aws_error_code(e)
+            if code == "ExpiredIteratorException" or (code == "InvalidArgumentException" and "expired" in str(e).lower()):
+                self.stats["expired_iterators"] += 1
+                log.info("shard %s: iterator expired; reopening after the last acknowledged record", self.spec.shard_id)
+                self._iterator = await self._get_iterator(self._resume or self.spec.start_at)
+                return None
+            if is_throttling(e):
+                self.stats["throttles"] += 1
+                self._throttled = getattr(self, "_throttled", 0) + 1
+                self._next_call_at = self._clock() + self._backoff(self._throttled)
+                return None
+            err = translate_aws_error(e, operation="GetRecords", resource=f"{self.spec.stream}/{self.spec.shard_id}")
+            if err.aws_code == "ResourceNotFoundException":
+                raise StreamError(f"stream {self.spec.stream!r} or shard {self.spec.shard_id} was deleted while being read",
+                                  aws_code=err.aws_code) from e
+            raise err from e
+        self._throttled = 0
+        return response
+
+    def _note_lag(self, response: dict[str, Any], records: list[Record]) -> None:
+        lag = response.get("MillisBehindLatest")
+        if records and records[-1].approximate_arrival_timestamp is not None:
+            # Emulators report 0 or a gap between records; the age of the newest record is honest.
+            age = int((time.time() - records[-1].approximate_arrival_timestamp.timestamp()) * 1000)
+            lag = max(int(lag or 0), age) if lag else age
+        self.stats["millis_behind_latest"] = lag
+
+    async def _deliver_and_checkpoint(self, batch: list[Record]) -> None:
+        if not batch:
+            return
+        await self._deliver_with_retries(batch)
+        last = batch[-1]
+        await self._write("checkpoint", last.sequence_number, sub_sequence=last.sub_sequence_number)
+        self.stats["checkpoint"] = last.sequence_number
+        self._set_resume(StartAt.after_sequence_number(last.sequence_number, last.sub_sequence_number))
+        self.stats["records"] += len(batch)
+        self.stats["bytes"] += sum(len(r.data) for r in batch)
+        self.stats["batches"] += 1
+
+    async def _await_alive(self, awaitable: Awaitable[Any]) -> Any:
+        """Await the downstream while stamping the heartbeat, so a slow sink keeps the lease."""
+        task = asyncio.ensure_future(awaitable)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=max(0.05, self.spec.renew_interval_s / 2))
+                self._alive()
+                if done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _deliver_with_retries(self, batch: list[Record]) -> None:
+        attempt = 0
+        while True:
+            self._delivering = True
+            try:
+                await self._await_alive(self._deliver(batch))
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                attempt += 1
+                self.stats["sink_failures"] += 1
+                if attempt > self.spec.max_sink_retries:
+                    if self.spec.dead_letter is not None:
+                        await self._await_alive(asyncio.to_thread(
+                            self.spec.dead_letter.put_many, [(r.data, r.partition_key) for r in batch]))
+                        log.warning("shard %s: batch of %d sent to the dead-letter stream after %d failures",
+                                    self.spec.shard_id, len(batch), attempt)
+                        return
+                    raise SinkError(f"the sink refused a batch of shard {self.spec.shard_id} {attempt} times: {e!r:.300}") from e
+                pause = min(10.0, 0.1 * 2 ** (attempt - 1))
+                log.info("shard %s: sink failed (%r); retry %d in %.1f s", self.spec.shard_id, e, attempt, pause)
+                await asyncio.sleep(pause)
+            finally:
+                self._delivering = False
+
+    # ---------------------------------------------------------------- renew
+    async def _renew_loop(self) -> None:
+        spec = self.spec
+        while not self._lost:
+            due = self._last_write + spec.renew_interval_s
+            await asyncio.sleep(max(0.0, due - self._clock()))
+            now = self._clock()
+            if now - self._beat > spec.lease_duration_s:
+                # The loop is stuck (e.g. a hung call): do not renew; let the lease lapse.
+                log.warning("shard %s: read loop silent for %.1f s; not renewing", spec.shard_id, now - self._beat)
+                if now - self._last_write > spec.renew_deadline_s:
+                    self._mark_lost("read loop stuck past the lease deadline")
+                    return
+                await asyncio.sleep(min(spec.renew_interval_s, 0.5))
+                continue
+            try:
+                await self._write("renew")
+            except LeaseLostError:
+                return
+            except Exception as e:  # throttled or unreachable: not a lost lease, until our deadline
+                if self._clock() - self._last_write > spec.renew_deadline_s:
+                    self._mark_lost(f"renewals failing past the deadline ({e!r:.200})")
+                    return
+                log.info("shard %s: renew failed (%r); retrying", spec.shard_id, e)
+                await asyncio.sleep(min(spec.renew_interval_s / 3, 1.0))
+
+    # ---------------------------------------------------------------- control
+    async def stop(self, *, release: bool = True, grace_s: float = 5.0) -> None:
+        """Stop the loop: a batch being delivered gets ``grace_s`` to be acknowledged (and
+        checkpointed); then the lease is released (unless ``release=False``)."""
+        self._stopping = True
+        self._release_on_stop = release
+        task = self._loop_task
+        if task is None or task.done():
+            return
+        if self._delivering:
+            deadline = self._clock() + grace_s
+            while self._delivering and self._clock() < deadline and not task.done():
+                await asyncio.sleep(0.02)
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def seek(self, position: StartAt) -> None:
+        """Reopen at ``position`` after the batch in flight; the checkpoint is cleared and
+        ``start_position`` rewritten (the one allowed move backwards)."""
+        self._seek_to = position
+        for _ in range(int(max(5.0, self.spec.lease_duration_s) / 0.02)):
+            if self._seek_to is None or self._lost or self._loop_task is None or self._loop_task.done():
+                break
+            await asyncio.sleep(0.02)
+
+    async def _apply_seek(self) -> None:
+        position, self._seek_to = self._seek_to, None
+        assert position is not None
+        await self._write("set_start_position", position.to_str())
+        self.stats["checkpoint"] = None
+        self._set_resume(position)
+        self._iterator = await self._get_iterator(position)
+        log.info("shard %s: seek to %s", self.spec.shard_id, position)
+
+
+def _make_ray_actor() -> Any:
+    import ray
+
+    @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+    class ShardReader:
+        """Ray actor shell over :class:`ShardReaderCore` (process name ``ray::ShardReader``).
+
+        Created by its Coordinator (and dies with it); ``open()`` fetches the first
+        iterator, ``run()`` runs until shard end, lost lease or ``stop()``.
+        """
+
+        def __init__(self, spec: ReaderSpec, lease: Lease, store: LeaseStore, sink: Any) -> None:
+            logging.basicConfig(level=logging.INFO)
+            kinesis = spec.aws.client("kinesis", read_timeout_s=max(1.0, min(10.0, spec.lease_duration_s / 2)))
+
+            async def deliver(records: list[Record]) -> Any:
+                return await getattr(sink, spec.sink_method).remote(records)
+
+            self.core = ShardReaderCore(spec, lease, store, deliver, kinesis)
+
+        async def open(self) -> None:
+            await self.core.open()
+
+        async def start(self) -> None:
+            """Start the read loop as a task of this actor's event loop; returns at once."""
+            self._run = asyncio.get_running_loop().create_task(self.core.run(), name="read-loop")
+
+        async def join(self) -> str:
+            """Wait for the read loop's outcome (``ReaderOutcome``); re-raises its fatal error."""
+            return await asyncio.shield(self._run)
+
+        async def stop(self, release: bool = True, grace_s: float = 5.0) -> None:
+            await self.core.stop(release=release, grace_s=grace_s)
+
+        async def seek(self, position: StartAt) -> None:
+            await self.core.seek(position)
+
+        def stats(self) -> dict[str, Any]:
+            return dict(self.core.stats)
+
+        def lease(self) -> Lease:
+            return self.core.lease
+
+        def ping(self) -> bool:
+            return True
+
+    return ShardReader
+
+
+_ACTOR: Any = None
+
+
+def __getattr__(name: str) -> Any:  # lazy: `import kinesis_actors` does not import Ray
+    global _ACTOR
+    if name == "ShardReader":
+        if _ACTOR is None:
+            _ACTOR = _make_ray_actor()
+        return _ACTOR
+    raise AttributeError(name)

@@ -1,0 +1,98 @@
+"""Sinks: where readers deliver batches.
+
+* Push mode: any Ray actor handle with a ``process_batch(records)`` method (the name is
+  configurable); the call returning without an exception is the acknowledgement.
+* Pull mode: :class:`PullQueue`, a small async actor the subscription owns. A reader's
+  ``process_batch`` call parks in it until the driver acknowledges the batch, so the
+  reader's code is the same in both modes, and backpressure is one batch per shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+from typing import Any
+
+from .records import Record
+
+__all__ = ["PullQueueCore", "make_pull_queue"]
+
+
+class PullQueueCore:
+    """Batches waiting for the driver, and the one batch the driver holds unacknowledged.
+
+    ``process_batch`` (called by readers) returns when the driver acknowledges that batch;
+    ``next`` (called by the driver) acknowledges the batch it handed out before, then
+    returns the next one or None on timeout. ``fail(error)`` makes every later ``next``
+    raise ``error`` (a fatal error of the subscription).
+    """
+
+    def __init__(self) -> None:
+        self._waiting: collections.deque[tuple[int, list[Record], asyncio.Future[None]]] = collections.deque()
+        self._current: tuple[int, asyncio.Future[None]] | None = None
+        self._ids = itertools.count(1)
+        self._changed: asyncio.Event | None = None
+        self._error: BaseException | None = None
+
+    def _event(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    async def process_batch(self, records: list[Record]) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((next(self._ids), records, future))
+        self._event().set()
+        await future
+
+    def ack(self) -> bool:
+        """Acknowledge the batch the driver holds; False if it holds none."""
+        current, self._current = self._current, None
+        if current is None:
+            return False
+        if not current[1].done():
+            current[1].set_result(None)
+        return True
+
+    async def next(self, timeout_s: float, ack_previous: bool = True) -> list[Record] | None:
+        if ack_previous:
+            self.ack()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout_s)
+        while True:
+            if self._error is not None:
+                raise self._error
+            while self._waiting:
+                batch_id, records, future = self._waiting.popleft()
+                if future.done():  # its reader gave up on it (stopped or lost its lease)
+                    continue
+                self._current = (batch_id, future)
+                return records
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            event = self._event()
+            event.clear()
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._event().set()
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def pending(self) -> int:
+        return len(self._waiting)
+
+
+def make_pull_queue() -> Any:
+    """Create the pull-mode queue actor (``num_cpus=0``, async, owned by the caller)."""
+    import ray
+
+    actor_cls = ray.remote(num_cpus=0, max_concurrency=10_000)(PullQueueCore)
+    return actor_cls.options(name=None).remote()
