@@ -467,7 +467,10 @@ class Subscription:
                     log.debug("ack at close failed", exc_info=True)
             grace = 5.0 if self._queue is None else 0.5
             try:
-                self._error = self._error or ray.get(self._coordinator.error.remote(), timeout=10)
+                self._error = self._error or self._call("error", timeout_s=10)
+            except Exception as e:
+                self._error = e if isinstance(e, KinesisError) else None
+            try:
                 ray.get(self._coordinator.close.remote(True, grace), timeout=grace + _RAY_CALL_TIMEOUT_S)
             except Exception as e:
                 log.warning("%s: closing the Coordinator failed (%r); leases will expire", self.stream.name, e)

@@ -275,7 +275,7 @@ class CoordinatorCore:
             await asyncio.wait_for(handle.start(), self._call_timeout_s)
         except Exception as e:
             handle.kill()
-            if isinstance(e, LeaseLostError) or "LeaseLostError" in repr(e):
+            if isinstance(e, LeaseLostError):
                 log.info("shard %s: lease lost while opening", shard.shard_id)
                 return
             raise
@@ -366,8 +366,9 @@ class _RayReaderHandle:
             raise ReaderUnreachable(repr(e)) from e
         except rex.RayActorError as e:
             raise ReaderGone(type(e).__name__) from e
-        except rex.RayTaskError as e:
-            raise e.as_instanceof_cause() from None
+        except rex.RayTaskError as e:  # the reader's own error (SinkError, LeaseLostError...), unwrapped
+            cause = e.cause if isinstance(e.cause, BaseException) else e
+            raise cause from None
 
     async def open(self) -> None:
         await self._call("open")
@@ -414,6 +415,11 @@ def _make_ray_actor() -> Any:
         def __init__(self, stream: KinesisStream, aws: AwsSettings, store: LeaseStore, owner_id: str,
                      lease_duration_s: float, renew_interval_s: float, sink: Any, pull_queue: Any) -> None:
             logging.basicConfig(level=logging.INFO)
+            # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads via
+            # asyncio.to_thread, never on the event loop; Ray's once-per-process warning does not apply.
+            import ray._private.worker as _ray_worker
+
+            _ray_worker.blocking_get_inside_async_warned = True
             options = stream.actor_options()
             target = sink if sink is not None else pull_queue
 
@@ -448,6 +454,10 @@ def _make_ray_actor() -> Any:
 
         def ping(self) -> bool:
             return True
+
+        def reader_handles(self) -> dict[str, Any]:
+            """Test hook: the ShardReader actor handle of each held shard."""
+            return {sid: slot.handle.actor for sid, slot in self.core._slots.items()}  # type: ignore[attr-defined]
 
     return Coordinator
 

@@ -506,6 +506,11 @@ def _make_ray_actor() -> Any:
 
         def __init__(self, spec: ReaderSpec, lease: Lease, store: LeaseStore, sink: Any) -> None:
             logging.basicConfig(level=logging.INFO)
+            # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads via
+            # asyncio.to_thread, never on the event loop; Ray's once-per-process warning does not apply.
+            import ray._private.worker as _ray_worker
+
+            _ray_worker.blocking_get_inside_async_warned = True
             kinesis = spec.aws.client("kinesis", read_timeout_s=max(1.0, min(10.0, spec.lease_duration_s / 2)))
 
             async def deliver(records: list[Record]) -> Any:
