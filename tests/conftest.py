@@ -46,3 +46,20 @@ def endpoint(emulator: object) -> str:
 def unique() -> str:
     """A unique lower-case suffix for stream and table names."""
     return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """One local Ray runtime per session (2 CPUs, no dashboard, loopback), shut down at the end.
+
+    Reuses a runtime that is already running (and then leaves it running).
+    """
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, _node_ip_address="127.0.0.1")
+        started = True
+    yield
+    if started:
+        ray.shutdown()

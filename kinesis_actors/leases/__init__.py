@@ -1,0 +1,14 @@
+"""Leases: the :class:`Lease` model, the :class:`LeaseStore` protocol and its stores.
+
+- :class:`MemoryLeaseStore`: the rows in one Ray actor (one instance; empty after restart).
+- :class:`DynamoLeaseStore`: the rows in a DynamoDB table (shared by instances, durable).
+
+Both share all the lease logic (:class:`~kinesis_actors.leases.base.BaseLeaseStore`);
+``kinesis_actors.testing.InProcessLeaseStore`` is the same logic with rows in this process.
+"""
+
+from .dynamodb import DynamoLeaseStore
+from .memory import MemoryLeaseStore
+from .protocol import SHARD_END, Lease, LeaseStore
+
+__all__ = ["Lease", "LeaseStore", "SHARD_END", "MemoryLeaseStore", "DynamoLeaseStore"]

@@ -1,0 +1,543 @@
+"""The lease logic, written once over a few storage primitives that each backend implements.
+
+:class:`BaseLeaseStore` holds every rule of the lease table (take, renew, checkpoint,
+set_start_position, release, get, list, is_expired, request_handoff) and the KCL-style
+expiry judgement. A backend only stores rows, atomically, through five primitives:
+
+=================================================== ===========================================
+primitive                                           semantics
+=================================================== ===========================================
+``_read(key) -> dict | None``                       strongly consistent read of one row
+``_scan(stream) -> list[dict]``                     every row of ``stream`` (may include rows
+                                                    that are not shard rows; the base filters)
+``_put_new(item) -> bool``                          create the row only if its key is absent
+``_update(key, expect_owner, expect_counter,        apply the change only if the row exists,
+set_fields, remove_fields, check_owner) ->          its counter equals ``expect_counter`` and
+dict | None``                                       (when ``check_owner``) its owner equals
+                                                    ``expect_owner`` (None: no owner); return
+                                                    the new row, or None when the condition
+                                                    failed (nothing changed)
+=================================================== ===========================================
+
+Rows are plain dicts with the attribute names of the lease table (see
+:mod:`kinesis_actors.leases.protocol`): ``str`` for S, ``int`` for N and a tuple of
+``str`` for ``parent_shard_ids``; an absent attribute is an absent key (never None).
+
+Expiry (KCL's rule, immune to clock skew): the store keeps, per lease key, the counter
+it last saw and when it first saw that counter, on its own monotonic ``clock``. A lease
+is expired *for this store* once its counter has not changed for the row's
+``lease_duration_ms``. A store that sees a row for the first time therefore waits one
+full duration before it may take it. The wall clock (``wall_clock``) only fills the
+informational ``lease_expiry`` attribute; no decision ever reads it.
+
+Fault model: every write is a single conditional primitive, so of many racing writers
+exactly one wins; a failed condition changes nothing. Writes by the holder (renew,
+checkpoint, set_start_position, release) are fenced on owner AND counter and raise
+:class:`~kinesis_actors.errors.LeaseLostError` when the condition fails. Every
+successful write raises the counter by one (release too, so a fenced zombie cannot
+write after a release and a re-take).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ..errors import InvalidError, LeaseLostError
+from .protocol import Lease, lease_key, validate_checkpoint, validate_names
+
+__all__ = ["BaseLeaseStore", "row_to_lease", "is_shard_row"]
+
+logger = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+
+# Attribute names of the lease table (one place).
+KEY = "lease_key"
+STREAM = "stream"
+SHARD_ID = "shard_id"
+OWNER = "lease_owner"
+COUNTER = "lease_counter"
+DURATION_MS = "lease_duration_ms"
+EXPIRY = "lease_expiry"
+CHECKPOINT = "checkpoint"
+SUB_SEQUENCE = "checkpoint_sub_sequence"
+START_POSITION = "start_position"
+PARENTS = "parent_shard_ids"
+NEXT_OWNER = "lease_next_owner"
+
+
+def is_shard_row(row: Mapping[str, Any], stream: str | None = None) -> bool:
+    """True if ``row`` is a shard row (key ``"<stream>:<shard id>"``), of ``stream`` if given.
+
+    Presence rows (``"<stream>#instance#<owner>"``) and foreign rows are never shard rows.
+    """
+    key, row_stream, shard_id = row.get(KEY), row.get(STREAM), row.get(SHARD_ID)
+    if not (isinstance(key, str) and isinstance(row_stream, str) and isinstance(shard_id, str)):
+        return False
+    if stream is not None and row_stream != stream:
+        return False
+    return key == lease_key(row_stream, shard_id) and COUNTER in row
+
+
+def row_to_lease(row: Mapping[str, Any]) -> Lease:
+    """Build the immutable :class:`Lease` of a shard row."""
+    parents = row.get(PARENTS) or ()
+    sub = row.get(SUB_SEQUENCE)
+    return Lease(
+        stream=row[STREAM],
+        shard_id=row[SHARD_ID],
+        owner=row.get(OWNER),
+        counter=int(row[COUNTER]),
+        expiry_ms=int(row.get(EXPIRY, 0)),
+        duration_ms=int(row.get(DURATION_MS, 0)),
+        checkpoint=row.get(CHECKPOINT),
+        checkpoint_sub_sequence=None if sub is None else int(sub),
+        start_position=row.get(START_POSITION),
+        parent_shard_ids=tuple(sorted(parents)),
+        next_owner=row.get(NEXT_OWNER),
+    )
+
+
+def _duration_ms(duration_s: object, what: str = "duration_s") -> int:
+    """Validate a lease duration in seconds and return it in whole milliseconds (at least 1)."""
+    if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)):
+        raise InvalidError(f"{what} must be a positive number of seconds, got {duration_s!r}")
+    if not math.isfinite(duration_s) or duration_s <= 0:
+        raise InvalidError(f"{what} must be a positive finite number of seconds, got {duration_s!r}")
+    return max(1, int(round(duration_s * 1000)))
+
+
+def _validate_lease(lease: object, operation: str) -> Lease:
+    if not isinstance(lease, Lease):
+        raise InvalidError(f"{operation} needs a Lease, got {type(lease).__name__}")
+    validate_names(lease.stream, lease.shard_id)
+    if lease.owner is None or not isinstance(lease.owner, str) or not lease.owner.strip():
+        raise InvalidError(f"{operation} needs a held lease; {lease.key!r} has no owner (owner={lease.owner!r})")
+    return lease
+
+
+class BaseLeaseStore:
+    """All the lease logic, over storage primitives that a subclass implements.
+
+    Subclasses implement ``_read``, ``_scan``, ``_put_new`` and ``_update`` (see the module
+    docstring) atomically; everything else lives here. Instances are picklable: the
+    observation table (what this store has seen, and when) is per instance and starts
+    empty after unpickling, which is the correct KCL behaviour for a new process.
+
+    Args:
+        clock: monotonic clock in seconds (default ``time.monotonic``); judges expiry.
+        wall_clock: epoch clock in seconds (default ``time.time``); only fills the
+            informational ``lease_expiry`` (epoch ms) of the rows written.
+    """
+
+    #: instance attributes not pickled (rebuilt by ``_init_transient``).
+    _TRANSIENT: tuple[str, ...] = ("_seen", "_seen_lock")
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not callable(clock) or not callable(wall_clock):
+            raise InvalidError("clock and wall_clock must be callables returning seconds")
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._init_transient()
+
+    # ------------------------------------------------------------------ pickling
+    def _init_transient(self) -> None:
+        self._seen: dict[str, tuple[int, float]] = {}
+        self._seen_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in type(self)._all_transient():
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_transient()
+
+    @classmethod
+    def _all_transient(cls) -> set[str]:
+        names: set[str] = set()
+        for klass in cls.__mro__:
+            names.update(getattr(klass, "_TRANSIENT", ()))
+        return names
+
+    def peer(
+        self,
+        *,
+        clock: Callable[[], float] | None = None,
+        wall_clock: Callable[[], float] | None = None,
+    ) -> "BaseLeaseStore":
+        """Another store over the same rows that has seen nothing yet (what a second host has).
+
+        Args:
+            clock: monotonic clock of the new store (seconds); default: this store's.
+            wall_clock: epoch clock of the new store (seconds); default: this store's.
+
+        Returns:
+            A copy with an empty observation table (it waits one full duration before it
+            judges any held lease expired). Shares the rows with this store.
+        """
+        other = object.__new__(type(self))  # no pickling round trip: a copy does no I/O
+        transient = type(self)._all_transient()
+        other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in transient})
+        other._init_transient()
+        if clock is not None:
+            other._clock = clock
+        if wall_clock is not None:
+            other._wall_clock = wall_clock
+        return other
+
+    # ------------------------------------------------------------------ primitives
+    def _read(self, key: str) -> Row | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _scan(self, stream: str) -> list[Row]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _put_new(self, item: Row) -> bool:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _update(
+        self,
+        key: str,
+        expect_owner: str | None,
+        expect_counter: int,
+        set_fields: Mapping[str, Any],
+        remove_fields: Iterable[str] = (),
+        *,
+        check_owner: bool = True,
+    ) -> Row | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ expiry
+    def _note(self, row: Mapping[str, Any]) -> None:
+        """Record that this store saw ``row``'s counter (now, unless it saw that counter before)."""
+        key, counter = row[KEY], int(row[COUNTER])
+        now = self._clock()
+        with self._seen_lock:
+            seen = self._seen.get(key)
+            if seen is None or seen[0] != counter:
+                self._seen[key] = (counter, now)
+
+    def _expired(self, key: str, counter: int, duration_ms: int) -> bool:
+        now = self._clock()
+        with self._seen_lock:
+            seen = self._seen.get(key)
+            if seen is None or seen[0] < counter:
+                self._seen[key] = (counter, now)
+                return False
+            # seen[0] > counter: the caller's Lease is stale; judge the newest counter seen.
+            return (now - seen[1]) * 1000.0 >= duration_ms
+
+    def is_expired(self, lease: Lease) -> bool:
+        """True if the lease's counter has not changed for its duration, as this store saw it.
+
+        The judgement uses only this store's monotonic clock: the first time the store
+        sees a counter it notes the time, and the lease is expired once
+        ``lease.duration_ms`` has passed since then with no newer counter seen. A lease
+        this store has never seen is therefore not expired yet (it is noted now). The
+        owner is not considered: a free row can be taken whether or not it is expired.
+
+        Args:
+            lease: a Lease read or written by any store.
+
+        Returns:
+            True when expired for this store.
+
+        Raises:
+            InvalidError: ``lease`` is not a Lease.
+        """
+        if not isinstance(lease, Lease):
+            raise InvalidError(f"is_expired needs a Lease, got {type(lease).__name__}")
+        return self._expired(lease.key, lease.counter, lease.duration_ms)
+
+    def _wall_expiry_ms(self, duration_ms: int) -> int:
+        return int(self._wall_clock() * 1000) + duration_ms
+
+    # ------------------------------------------------------------------ operations
+    def take(
+        self,
+        stream: str,
+        shard_id: str,
+        *,
+        owner: str,
+        duration_s: float,
+        parent_shard_ids: tuple[str, ...] = (),
+    ) -> Lease | None:
+        """Take the shard's lease for ``owner``; create the row if it is missing.
+
+        Succeeds when the row is free, is already ``owner``'s (re-taking one's own row
+        fences any older reader of that owner), or is expired for this store. The write
+        is conditional on the owner and counter this store saw, so of many racing takers
+        exactly one wins. The counter rises by one and ``lease_next_owner`` is cleared.
+
+        Args:
+            stream: stream name.
+            shard_id: shard id, e.g. ``"shardId-000000000000"``.
+            owner: owner id of the taker.
+            duration_s: lease duration, seconds (any positive finite number).
+            parent_shard_ids: parent shards, written only when the row is created.
+
+        Returns:
+            The new Lease, or None when another owner holds it live or won a race for it.
+
+        Raises:
+            InvalidError: empty stream, shard id or owner, a bad duration or parent list
+                (before any I/O).
+            LeaseStoreError: the store is missing or unreachable.
+        """
+        validate_names(stream, shard_id, owner)
+        duration_ms = _duration_ms(duration_s)
+        if isinstance(parent_shard_ids, str):
+            raise InvalidError(f"parent_shard_ids must be a tuple of shard ids, got {parent_shard_ids!r}")
+        parents = tuple(parent_shard_ids or ())
+        if not all(isinstance(p, str) and p.strip() for p in parents):
+            raise InvalidError(f"parent_shard_ids must be non-empty strings, got {parent_shard_ids!r}")
+        key = lease_key(stream, shard_id)
+
+        row = self._read(key)
+        if row is None:
+            item: Row = {
+                KEY: key,
+                STREAM: stream,
+                SHARD_ID: shard_id,
+                OWNER: owner,
+                COUNTER: 1,
+                DURATION_MS: duration_ms,
+                EXPIRY: self._wall_expiry_ms(duration_ms),
+            }
+            if parents:
+                item[PARENTS] = tuple(sorted(set(parents)))
+            if self._put_new(item):
+                self._note(item)
+                logger.debug("lease %s created and taken by %s", key, owner)
+                return row_to_lease(item)
+            row = self._read(key)  # lost the creation race: judge the winner's row
+            if row is None:
+                return None
+        self._note(row)
+        current_owner = row.get(OWNER)
+        counter = int(row[COUNTER])
+        if current_owner is not None and current_owner != owner:
+            if not self._expired(key, counter, int(row.get(DURATION_MS, 0))):
+                return None
+        new = self._update(
+            key,
+            current_owner,
+            counter,
+            {
+                OWNER: owner,
+                COUNTER: counter + 1,
+                DURATION_MS: duration_ms,
+                EXPIRY: self._wall_expiry_ms(duration_ms),
+            },
+            (NEXT_OWNER,),
+        )
+        if new is None:
+            logger.debug("lease %s: %s lost the race to take it", key, owner)
+            return None
+        self._note(new)
+        if current_owner is not None and current_owner != owner:
+            logger.info("lease %s taken by %s from %s (expired)", key, owner, current_owner)
+        return row_to_lease(new)
+
+    def _holder_write(
+        self, lease: Lease, operation: str, set_fields: dict[str, Any], remove_fields: tuple[str, ...] = ()
+    ) -> Lease:
+        """A write by the holder: conditional on owner AND counter; LeaseLostError if it failed."""
+        fields = {COUNTER: lease.counter + 1, **set_fields}
+        new = self._update(lease.key, lease.owner, lease.counter, fields, remove_fields)
+        if new is None:
+            raise LeaseLostError(
+                f"{operation} of lease {lease.key!r}: not held by {lease.owner!r} at counter {lease.counter} any more"
+            )
+        self._note(new)
+        return row_to_lease(new)
+
+    def renew(self, lease: Lease, *, duration_s: float | None = None) -> Lease:
+        """Extend a held lease; the counter rises by one.
+
+        Conditional on the lease's owner AND counter (UpdateItem with a
+        ConditionExpression on DynamoDB).
+
+        Args:
+            lease: the latest Lease the holder got from this store.
+            duration_s: new lease duration, seconds; None keeps ``lease.duration_ms``.
+
+        Returns:
+            The new Lease.
+
+        Raises:
+            InvalidError: ``lease`` has no owner, or a bad duration (before any I/O).
+            LeaseLostError: the lease is not held at that counter any more; nothing changed.
+            LeaseStoreError: the store is missing or unreachable.
+        """
+        _validate_lease(lease, "renew")
+        duration_ms = _duration_ms(duration_s) if duration_s is not None else max(1, lease.duration_ms)
+        return self._holder_write(
+            lease, "renew", {DURATION_MS: duration_ms, EXPIRY: self._wall_expiry_ms(duration_ms)}
+        )
+
+    def checkpoint(self, lease: Lease, sequence_number: str, *, sub_sequence: int | None = None) -> Lease:
+        """Record the last acknowledged sequence number (or ``SHARD_END``); counter +1.
+
+        A checkpoint also renews the lease (its counter changes).
+
+        Args:
+            lease: the latest Lease the holder got from this store.
+            sequence_number: decimal sequence number (any length, e.g. 56 digits; stored as
+                a string) or ``SHARD_END``.
+            sub_sequence: sub-sequence number inside a KPL aggregate; None removes it.
+
+        Returns:
+            The new Lease.
+
+        Raises:
+            InvalidError: ``lease`` has no owner, or the checkpoint is neither a decimal
+                sequence number nor ``SHARD_END`` (before any I/O).
+            LeaseLostError: the lease is not held at that counter any more; nothing changed.
+            LeaseStoreError: the store is missing or unreachable.
+        """
+        _validate_lease(lease, "checkpoint")
+        validate_checkpoint(sequence_number, sub_sequence)
+        duration_ms = max(1, lease.duration_ms)
+        fields: dict[str, Any] = {CHECKPOINT: sequence_number, EXPIRY: self._wall_expiry_ms(duration_ms)}
+        remove: tuple[str, ...] = ()
+        if sub_sequence is None:
+            remove = (SUB_SEQUENCE,)
+        else:
+            fields[SUB_SEQUENCE] = int(sub_sequence)
+        return self._holder_write(lease, "checkpoint", fields, remove)
+
+    def set_start_position(self, lease: Lease, position: str) -> Lease:
+        """Record where the shard opens and remove its checkpoint (first open, or a seek).
+
+        Args:
+            lease: the latest Lease the holder got from this store.
+            position: a serialised start position (opaque, non-empty string).
+
+        Returns:
+            The new Lease (counter +1, ``checkpoint`` and ``checkpoint_sub_sequence`` removed).
+
+        Raises:
+            InvalidError: ``lease`` has no owner, or ``position`` is empty (before any I/O).
+            LeaseLostError: the lease is not held at that counter any more; nothing changed.
+            LeaseStoreError: the store is missing or unreachable.
+        """
+        _validate_lease(lease, "set_start_position")
+        if not isinstance(position, str) or not position.strip():
+            raise InvalidError(f"position must be a non-empty string, got {position!r}")
+        duration_ms = max(1, lease.duration_ms)
+        return self._holder_write(
+            lease,
+            "set_start_position",
+            {START_POSITION: position, EXPIRY: self._wall_expiry_ms(duration_ms)},
+            (CHECKPOINT, SUB_SEQUENCE),
+        )
+
+    def release(self, lease: Lease) -> Lease:
+        """Clear the owner and keep the checkpoint; the counter rises by one.
+
+        Raising the counter fences any zombie writer of the old holder even if the same
+        owner takes the row again.
+
+        Args:
+            lease: the latest Lease the holder got from this store.
+
+        Returns:
+            The new, free Lease (``owner`` None).
+
+        Raises:
+            InvalidError: ``lease`` has no owner (before any I/O).
+            LeaseLostError: the lease is not held at that counter any more; nothing changed.
+            LeaseStoreError: the store is missing or unreachable.
+        """
+        _validate_lease(lease, "release")
+        new = self._holder_write(lease, "release", {EXPIRY: int(self._wall_clock() * 1000)}, (OWNER,))
+        logger.debug("lease %s released by %s", lease.key, lease.owner)
+        return new
+
+    def request_handoff(self, stream: str, shard_id: str, *, owner: str, expect_counter: int) -> bool:
+        """Ask the holder for a graceful handoff: set ``lease_next_owner`` to ``owner``.
+
+        Conditional on the counter only (whoever holds the row); the counter does NOT
+        change, so the holder is not fenced and the lease does not look renewed. The
+        holder sees the request in the Lease returned by its next renew or checkpoint;
+        a later take clears it.
+
+        Args:
+            stream: stream name.
+            shard_id: shard id.
+            owner: owner id asking for the lease.
+            expect_counter: the counter the asker saw.
+
+        Returns:
+            True if the request was written; False if the row is missing or its counter moved.
+
+        Raises:
+            InvalidError: empty names or owner, or a non-integer counter (before any I/O).
+            LeaseStoreError: the store is missing or unreachable.
+        """
+        validate_names(stream, shard_id, owner)
+        if isinstance(expect_counter, bool) or not isinstance(expect_counter, int):
+            raise InvalidError(f"expect_counter must be an int, got {expect_counter!r}")
+        key = lease_key(stream, shard_id)
+        new = self._update(key, None, expect_counter, {NEXT_OWNER: owner}, (), check_owner=False)
+        if new is None:
+            return False
+        self._note(new)
+        return True
+
+    def get(self, stream: str, shard_id: str) -> Lease | None:
+        """The shard's row (strongly consistent read), or None if there is none.
+
+        Args:
+            stream: stream name.
+            shard_id: shard id.
+
+        Returns:
+            The Lease, or None.
+
+        Raises:
+            InvalidError: empty stream or shard id (before any I/O).
+            LeaseStoreError: the store is missing or unreachable.
+        """
+        validate_names(stream, shard_id)
+        row = self._read(lease_key(stream, shard_id))
+        if row is None or not is_shard_row(row):
+            return None
+        self._note(row)
+        return row_to_lease(row)
+
+    def list(self, stream: str) -> list[Lease]:
+        """Every shard row of ``stream`` (strongly consistent), sorted by shard id.
+
+        Rows of other streams and presence rows (``"<stream>#instance#<owner>"``) are
+        never returned.
+
+        Args:
+            stream: stream name.
+
+        Returns:
+            The Leases, sorted by shard id.
+
+        Raises:
+            InvalidError: empty stream (before any I/O).
+            LeaseStoreError: the store is missing or unreachable.
+        """
+        validate_names(stream)
+        rows = [row for row in self._scan(stream) if is_shard_row(row, stream)]
+        for row in rows:
+            self._note(row)
+        return sorted((row_to_lease(row) for row in rows), key=lambda lease: lease.shard_id)
