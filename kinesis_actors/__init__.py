@@ -1,3 +1,48 @@
-"""kinesis_actors: read Amazon Kinesis Data Streams on a Ray cluster (filled in as modules land)."""
+"""kinesis_actors: read Amazon Kinesis Data Streams on a Ray cluster, with KCL-style leases.
+
+A ``Coordinator`` actor per subscription lists the shards and runs one ``ShardReader``
+actor per shard lease; leases live in a ``LeaseStore`` (DynamoDB, or one Ray actor);
+delivery is at-least-once: a checkpoint is written only after the downstream
+acknowledged the batch. See README.md.
+"""
+
+from .broker import KinesisBroker, SeekHandle, Subscription
+from .config import KinesisStream
+from .errors import (
+    InvalidError,
+    KinesisError,
+    LeaseLostError,
+    LeaseStoreError,
+    NotConnectedError,
+    SinkError,
+    StreamError,
+)
+from .leases import SHARD_END, DynamoLeaseStore, Lease, LeaseStore, MemoryLeaseStore
+from .publisher import Publisher, PutResult
+from .records import Record, StartAt
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "KinesisBroker",
+    "KinesisStream",
+    "StartAt",
+    "Subscription",
+    "SeekHandle",
+    "Record",
+    "Publisher",
+    "PutResult",
+    "Lease",
+    "LeaseStore",
+    "MemoryLeaseStore",
+    "DynamoLeaseStore",
+    "SHARD_END",
+    "KinesisError",
+    "NotConnectedError",
+    "InvalidError",
+    "StreamError",
+    "LeaseLostError",
+    "LeaseStoreError",
+    "SinkError",
+    "__version__",
+]
