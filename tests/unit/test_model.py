@@ -1,0 +1,103 @@
+"""Configuration, positions, records, publisher splitting and error translation (no Ray, no network)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import pickle
+
+import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
+
+from kinesis_actors import InvalidError, KinesisBroker, KinesisStream, LeaseStoreError, SinkError, StartAt, StreamError
+from kinesis_actors.errors import KinesisError, translate_aws_error
+from kinesis_actors.publisher import MAX_REQUEST_BYTES, _chunks, _entry
+from kinesis_actors.records import records_from_response
+
+
+@pytest.mark.parametrize("position", [
+    StartAt.latest(), StartAt.trim_horizon(), StartAt.at_timestamp(dt.datetime(2024, 1, 2, tzinfo=dt.timezone.utc)),
+    StartAt.at_sequence_number("4959" * 14), StartAt.after_sequence_number("12", 3),
+])
+def test_start_at_round_trips(position: StartAt) -> None:
+    assert StartAt.parse(position.to_str()) == position
+
+
+def test_start_at_refuses_bad_values() -> None:
+    with pytest.raises(InvalidError, match="timezone-aware"):
+        StartAt.at_timestamp(dt.datetime(2024, 1, 2))
+    with pytest.raises(InvalidError):
+        StartAt.at_sequence_number("12a")
+    with pytest.raises(InvalidError):
+        StartAt("SOMEWHERE")
+
+
+def test_resume_inside_an_aggregate_uses_at_sequence_number() -> None:
+    assert StartAt.after_sequence_number("7", 2).iterator_args() == {
+        "ShardIteratorType": "AT_SEQUENCE_NUMBER", "StartingSequenceNumber": "7"}
+    assert StartAt.after_sequence_number("7").iterator_args() == {
+        "ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "StartingSequenceNumber": "7"}
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"create_if_missing": 0}, {"create_if_missing": True}, {"shard_sync_interval_s": 0}, {"lease_poll_interval_s": -1},
+    {"max_records": 10_001}, {"max_leases": 0}, {"reader_options": {"bogus": 1}}, {"sink_method": "not a name"},
+    {"start_at": "LATEST"}, {"start_at": StartAt.at_sequence_number("1")}, {"max_sink_retries": -1},
+])
+def test_kinesis_stream_validation(kwargs: dict) -> None:
+    with pytest.raises(InvalidError):
+        KinesisStream("orders", **kwargs)
+
+
+def test_kinesis_stream_defaults_and_actor_options() -> None:
+    cfg = KinesisStream("orders", reader_options={"resources": {"reader": 1}})
+    assert (cfg.shard_sync_interval_s, cfg.lease_poll_interval_s, cfg.max_leases_to_steal) == (10.0, 2.0, 1)
+    assert cfg.actor_options() == {"num_cpus": 0, "scheduling_strategy": "SPREAD", "resources": {"reader": 1}}
+    with pytest.raises(TypeError):
+        KinesisStream("orders", 4)  # type: ignore[misc]  # only the name is positional
+
+
+def test_broker_constructor_does_no_io_and_validates() -> None:
+    broker = KinesisBroker(endpoint="http://127.0.0.1:1", region="us-east-1", test_credentials=True)
+    assert "127.0.0.1:1" in repr(broker) and "testing" not in repr(broker)
+    for bad in ({"endpoint": "localhost:1"}, {"owner_id": ""}, {"lease_duration_s": float("nan")},
+                {"renew_interval_s": 10.0, "lease_duration_s": 10.0}):
+        with pytest.raises(InvalidError):
+            KinesisBroker(**bad)
+
+
+def test_publisher_entries_and_splitting() -> None:
+    assert _entry(("text", "k")) == {"Data": b"text", "PartitionKey": "k"}
+    assert _entry((b"x", "k", "123"))["ExplicitHashKey"] == "123"
+    for bad in [(b"x",), (1, "k"), (b"x", ""), (b"x", "k" * 257), (b"x", "k", "-1"), (b"x", "k", str(2**128))]:
+        with pytest.raises(InvalidError):
+            _entry(bad)
+    small = [_entry((b"x", "k")) for _ in range(1201)]
+    assert [len(c) for c in _chunks(small)] == [500, 500, 201]
+    big = [_entry((b"x" * (1024 * 1024 - 10), "k")) for _ in range(11)]
+    chunks = list(_chunks(big))
+    assert all(sum(len(big[i]["Data"]) + 1 for i in c) <= MAX_REQUEST_BYTES for c in chunks)
+    assert [i for c in chunks for i in c] == list(range(11)), "input order kept"
+
+
+def test_plain_records_pass_through() -> None:
+    when = dt.datetime(2024, 1, 1)
+    out = records_from_response([{"Data": b"abc", "PartitionKey": "k", "SequenceNumber": "9",
+                                  "ApproximateArrivalTimestamp": when}], shard_id="s0", stream="st")
+    assert out[0].data == b"abc" and out[0].sub_sequence_number is None
+    assert out[0].approximate_arrival_timestamp.tzinfo == dt.timezone.utc
+
+
+def test_errors_translate_and_pickle() -> None:
+    def err(code: str, status: int = 400) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "Op")
+
+    assert isinstance(translate_aws_error(err("ResourceNotFoundException"), operation="X"), StreamError)
+    auth = translate_aws_error(err("UnrecognizedClientException"), operation="X")
+    assert isinstance(auth, StreamError) and "authentication" in str(auth)
+    throttled = translate_aws_error(err("ProvisionedThroughputExceededException"), operation="X")
+    assert throttled.retriable and throttled.aws_code == "ProvisionedThroughputExceededException"
+    assert translate_aws_error(EndpointConnectionError(endpoint_url="http://x"), operation="X").retriable
+    for error in (SinkError("s"), LeaseStoreError("t", aws_code="C", retriable=True)):
+        clone = pickle.loads(pickle.dumps(error))
+        assert type(clone) is type(error) and clone.aws_code == error.aws_code and clone.retriable == error.retriable
+    assert issubclass(InvalidError, KinesisError) and issubclass(InvalidError, ValueError)

@@ -1,0 +1,266 @@
+"""ShardReaderCore without Ray or network: an in-process lease store and a fake Kinesis shard."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from kinesis_actors import SHARD_END, LeaseLostError, SinkError, StartAt
+from kinesis_actors.reader import ReaderOutcome, ReaderSpec, ShardReaderCore
+from kinesis_actors.testing import InProcessLeaseStore
+
+STREAM, SHARD = "s", "shardId-000000000000"
+
+
+def client_error(code: str) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": 400}}, "GetRecords")
+
+
+class FakeShard:
+    """One shard: records with sequence numbers 1..n; iterators are positions; scripted faults."""
+
+    def __init__(self, n: int = 0, *, closed: bool = False) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.closed = closed
+        self.faults: list[str] = []  # error codes to raise on the next GetRecords calls
+        self.calls: list[float] = []
+        self.iterator_requests: list[dict[str, Any]] = []
+        self.add(n)
+
+    def add(self, n: int, data: bytes | None = None) -> None:
+        for _ in range(n):
+            seq = len(self.records) + 1
+            self.records.append({"Data": data or f"r{seq}".encode(), "PartitionKey": "k", "SequenceNumber": str(seq),
+                                 "ApproximateArrivalTimestamp": dt.datetime.now(dt.timezone.utc)})
+
+    def get_shard_iterator(self, *, StreamName: str, ShardId: str, ShardIteratorType: str, **kw: Any) -> dict[str, str]:
+        self.iterator_requests.append({"ShardIteratorType": ShardIteratorType, **kw})
+        pos = {"TRIM_HORIZON": 0, "LATEST": len(self.records)}.get(ShardIteratorType)
+        if ShardIteratorType == "AT_SEQUENCE_NUMBER":
+            pos = int(kw["StartingSequenceNumber"]) - 1
+        elif ShardIteratorType == "AFTER_SEQUENCE_NUMBER":
+            pos = int(kw["StartingSequenceNumber"])
+        elif ShardIteratorType == "AT_TIMESTAMP":
+            pos = len(self.records)
+        return {"ShardIterator": str(pos)}
+
+    def get_records(self, *, ShardIterator: str, Limit: int) -> dict[str, Any]:
+        self.calls.append(time.monotonic())
+        if self.faults:
+            raise client_error(self.faults.pop(0))
+        pos = int(ShardIterator)
+        out = self.records[pos : pos + Limit]
+        nxt = pos + len(out)
+        end = self.closed and nxt >= len(self.records)
+        return {"Records": out, "NextShardIterator": None if end else str(nxt), "MillisBehindLatest": 0}
+
+
+def make_reader(shard: FakeShard, store: InProcessLeaseStore, deliver: Any, *, start_at: StartAt | None = None,
+                max_records: int = 100, lease_duration_s: float = 2.0, max_sink_retries: int = 2,
+                dead_letter: Any = None) -> ShardReaderCore:
+    lease = store.take(STREAM, SHARD, owner="me", duration_s=lease_duration_s)
+    assert lease is not None
+    spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=start_at or StartAt.trim_horizon(),
+                      lease_duration_s=lease_duration_s, renew_interval_s=0.2, max_records=max_records,
+                      idle_wait_s=0.01, max_sink_retries=max_sink_retries, dead_letter=dead_letter)
+    return ShardReaderCore(spec, lease, store, deliver, shard)
+
+
+class Recorder:
+    def __init__(self, fail_first: int = 0, always: bool = False) -> None:
+        self.batches: list[list[Any]] = []
+        self.calls = 0
+        self.fail_first, self.always = fail_first, always
+
+    async def __call__(self, records: list[Any]) -> None:
+        self.calls += 1
+        if self.always or self.calls <= self.fail_first:
+            raise RuntimeError(f"fail {self.calls}")
+        self.batches.append(records)
+
+    @property
+    def seqs(self) -> list[int]:
+        return [int(r.sequence_number) for b in self.batches for r in b]
+
+
+async def run_until(reader: ShardReaderCore, cond: Any, timeout_s: float = 5.0) -> str:
+    await reader.open()
+    task = asyncio.create_task(reader.run())
+    deadline = time.monotonic() + timeout_s
+    while not cond() and not task.done():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+    if not task.done():
+        await reader.stop()
+    return await task
+
+
+def test_delivers_in_order_and_checkpoints_after_ack() -> None:
+    shard, store, sink = FakeShard(250), InProcessLeaseStore(), Recorder()
+    reader = make_reader(shard, store, sink, max_records=100)
+    outcome = asyncio.run(run_until(reader, lambda: len(sink.seqs) == 250))
+    assert outcome == ReaderOutcome.CLOSED
+    assert sink.seqs == list(range(1, 251))
+    row = store.get(STREAM, SHARD)
+    assert row.checkpoint == "250" and row.owner is None  # closed: checkpointed and released
+
+
+def test_shard_end_writes_shard_end_after_last_ack_and_releases() -> None:
+    shard, store, sink = FakeShard(30, closed=True), InProcessLeaseStore(), Recorder()
+    outcome = asyncio.run(run_until(make_reader(shard, store, sink), lambda: False))
+    assert outcome == ReaderOutcome.SHARD_END
+    assert sink.seqs == list(range(1, 31))
+    row = store.get(STREAM, SHARD)
+    assert row.checkpoint == SHARD_END and row.owner is None
+
+
+def test_sink_failures_are_retried_and_never_checkpointed_past() -> None:
+    shard, store = FakeShard(10), InProcessLeaseStore()
+    sink = Recorder(fail_first=2)
+    checkpoints: list[str | None] = []
+    original = store.checkpoint
+
+    def spy(lease: Any, seq: str, **kw: Any) -> Any:
+        assert sink.batches and int(seq) <= sink.seqs[-1], "checkpoint only after the batch was acknowledged"
+        checkpoints.append(seq)
+        return original(lease, seq, **kw)
+
+    store.checkpoint = spy  # type: ignore[method-assign]
+    asyncio.run(run_until(make_reader(shard, store, sink), lambda: len(sink.seqs) == 10))
+    assert sink.calls == 3 and sink.seqs == list(range(1, 11)) and checkpoints == ["10"]
+
+
+def test_sink_that_always_fails_raises_sink_error_without_checkpoint() -> None:
+    shard, store = FakeShard(5), InProcessLeaseStore()
+    reader = make_reader(shard, store, Recorder(always=True), max_sink_retries=2)
+    with pytest.raises(SinkError, match="3 times"):
+        asyncio.run(run_until(reader, lambda: False))
+    assert store.get(STREAM, SHARD).checkpoint is None
+
+
+def test_dead_letter_receives_the_refused_batch_then_it_is_acknowledged() -> None:
+    class DeadLetter:
+        def __init__(self) -> None:
+            self.items: list[tuple[bytes, str]] = []
+
+        def put_many(self, items: list[tuple[bytes, str]]) -> list[Any]:
+            self.items.extend(items)
+            return []
+
+    shard, store, dlq = FakeShard(5), InProcessLeaseStore(), DeadLetter()
+    reader = make_reader(shard, store, Recorder(always=True), max_sink_retries=1, dead_letter=dlq)
+    asyncio.run(run_until(reader, lambda: len(dlq.items) == 5))
+    assert [d for d, _ in dlq.items] == [f"r{i}".encode() for i in range(1, 6)]
+    assert store.get(STREAM, SHARD).checkpoint == "5"
+
+
+def test_lost_lease_stops_the_reader_and_it_writes_nothing_more() -> None:
+    shard, store = FakeShard(5), InProcessLeaseStore()
+    sink = Recorder()
+    reader = make_reader(shard, store, sink)
+
+    async def scenario() -> str:
+        await reader.open()
+        task = asyncio.create_task(reader.run())
+        while len(sink.seqs) < 5:
+            await asyncio.sleep(0.01)
+        # another owner takes the row (as after an expiry elsewhere)
+        thief = store.peer()
+        row = thief.get(STREAM, SHARD)
+        stolen = thief._update(row.key, row.owner, row.counter, {"lease_owner": "thief", "lease_counter": row.counter + 1})
+        assert stolen is not None
+        shard.add(5)
+        return await asyncio.wait_for(task, 3.0)
+
+    assert asyncio.run(scenario()) == ReaderOutcome.LOST
+    row = store.get(STREAM, SHARD)
+    assert row.owner == "thief" and row.checkpoint == "5"
+
+
+def test_expired_iterator_reopens_after_the_last_acknowledged_record() -> None:
+    shard, store, sink = FakeShard(10), InProcessLeaseStore(), Recorder()
+    reader = make_reader(shard, store, sink, max_records=5)
+
+    async def scenario() -> None:
+        await reader.open()
+        task = asyncio.create_task(reader.run())
+        while len(sink.seqs) < 10:
+            await asyncio.sleep(0.01)
+        shard.faults += ["ExpiredIteratorException", "ExpiredIteratorException"]
+        shard.add(5)
+        while len(sink.seqs) < 15:
+            await asyncio.sleep(0.01)
+        await reader.stop()
+        await task
+
+    asyncio.run(scenario())
+    assert sink.seqs == list(range(1, 16)), "nothing skipped, nothing repeated"
+    reopen = shard.iterator_requests[-1]
+    assert reopen == {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "StartingSequenceNumber": "10"}
+    assert reader.stats["expired_iterators"] == 2
+
+
+def test_throttling_backs_off_and_never_exceeds_five_calls_per_second() -> None:
+    shard, store, sink = FakeShard(3), InProcessLeaseStore(), Recorder()
+    shard.faults += ["ProvisionedThroughputExceededException"] * 3
+    reader = make_reader(shard, store, sink)
+    asyncio.run(run_until(reader, lambda: len(sink.seqs) == 3, timeout_s=10))
+    gaps = [b - a for a, b in zip(shard.calls, shard.calls[1:])]
+    assert gaps[0] >= 0.2, "first wait after a throttle is at least 200 ms"
+    assert all(g >= 0.19 for g in gaps), "never more than 5 GetRecords per second"
+    assert reader.stats["throttles"] == 3 and store.get(STREAM, SHARD).owner is None  # kept, then released at stop
+
+
+def test_latest_is_recorded_once_as_a_timestamp() -> None:
+    shard, store, sink = FakeShard(3), InProcessLeaseStore(), Recorder()
+    before = int(time.time() * 1000)
+    reader = make_reader(shard, store, sink, start_at=StartAt.latest())
+    asyncio.run(reader.open())
+    recorded = StartAt.parse(store.get(STREAM, SHARD).start_position)
+    assert recorded.kind == "AT_TIMESTAMP" and before <= recorded.timestamp_ms <= int(time.time() * 1000)
+    assert shard.iterator_requests[0]["ShardIteratorType"] == "LATEST"
+
+
+def test_resume_inside_a_kpl_aggregate_after_a_partial_ack() -> None:
+    from aws_kinesis_agg.aggregator import RecordAggregator
+
+    agg = RecordAggregator()
+    for i in range(6):
+        agg.add_user_record(f"pk{i}", f"user-{i}".encode())
+    _, _, blob = agg.clear_and_get().get_contents()
+    shard, store = FakeShard(), InProcessLeaseStore()
+    shard.add(1, data=blob)
+    first = Recorder()
+
+    async def ack_once_then_hang(records: list[Any]) -> None:
+        if first.batches:
+            await asyncio.Event().wait()  # the second batch is never acknowledged
+        await first(records)
+
+    reader = make_reader(shard, store, ack_once_then_hang, max_records=4)
+
+    async def crash_after_first_ack() -> None:
+        await reader.open()
+        task = asyncio.create_task(reader.run())
+        while reader.stats["batches"] < 1:
+            await asyncio.sleep(0.01)
+        await reader.stop(release=False, grace_s=0.05)  # like a crash: nothing more acknowledged
+        await task
+
+    asyncio.run(crash_after_first_ack())
+    row = store.get(STREAM, SHARD)
+    assert (row.checkpoint, row.checkpoint_sub_sequence) == ("1", 3)
+    # crash after the first 4 user records were acknowledged: a new reader resumes inside the aggregate
+    second = Recorder()
+    lease = store.take(STREAM, SHARD, owner="me", duration_s=2.0)  # the owner re-takes its own row
+    spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=StartAt.trim_horizon(),
+                      lease_duration_s=2.0, renew_interval_s=0.2, max_records=4, idle_wait_s=0.01)
+    reader2 = ShardReaderCore(spec, lease, store, second, shard)
+    asyncio.run(run_until(reader2, lambda: len(second.batches) >= 1))
+    assert [r.data for b in second.batches for r in b] == [b"user-4", b"user-5"]
+    assert [r.sub_sequence_number for b in second.batches for r in b] == [4, 5]
