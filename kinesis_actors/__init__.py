@@ -44,5 +44,16 @@ __all__ = [
     "LeaseLostError",
     "LeaseStoreError",
     "SinkError",
+    "read_kinesis",
     "__version__",
 ]
+
+_LAZY = {"read_kinesis": ".data"}  # Ray Data is imported on first use, not by `import kinesis_actors`
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
