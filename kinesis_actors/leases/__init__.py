@@ -9,6 +9,6 @@ Both share all the lease logic (:class:`~kinesis_actors.leases.base.BaseLeaseSto
 
 from .dynamodb import DynamoLeaseStore
 from .memory import MemoryLeaseStore
-from .protocol import SHARD_END, Lease, LeaseStore
+from .protocol import SHARD_END, Instance, Lease, LeaseStore
 
-__all__ = ["Lease", "LeaseStore", "SHARD_END", "MemoryLeaseStore", "DynamoLeaseStore"]
+__all__ = ["Lease", "Instance", "LeaseStore", "SHARD_END", "MemoryLeaseStore", "DynamoLeaseStore"]

@@ -17,6 +17,7 @@ dict | None``                                       (when ``check_owner``) its o
                                                     ``expect_owner`` (None: no owner); return
                                                     the new row, or None when the condition
                                                     failed (nothing changed)
+``_delete(key) -> None``                            delete the row if present (presence rows)
 =================================================== ===========================================
 
 Rows are plain dicts with the attribute names of the lease table (see
@@ -36,10 +37,18 @@ checkpoint, set_start_position, release) are fenced on owner AND counter and rai
 :class:`~kinesis_actors.errors.LeaseLostError` when the condition fails. Every
 successful write raises the counter by one (release too, so a fenced zombie cannot
 write after a release and a re-take).
+
+Balancing (issue 6): presence rows (``"<stream>#instance#<owner>"``, refreshed by
+:meth:`BaseLeaseStore.heartbeat`) tell which instances are live, judged by the same
+observation rule; a graceful handoff is :meth:`BaseLeaseStore.request_handoff` (the
+thief marks ``lease_next_owner``) then :meth:`BaseLeaseStore.hand_over` (the holder
+gives the row to the thief in one fenced write, so no third instance can take it in
+between), or :meth:`BaseLeaseStore.force_handoff` when the holder did not answer in time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -47,10 +56,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ..errors import InvalidError, LeaseLostError
-from .protocol import Lease, lease_key, validate_checkpoint, validate_names
+from ..errors import InvalidError, LeaseLostError, LeaseStoreError
+from .protocol import Instance, Lease, lease_key, presence_key, validate_checkpoint, validate_names
 
-__all__ = ["BaseLeaseStore", "row_to_lease", "is_shard_row"]
+__all__ = ["BaseLeaseStore", "row_to_lease", "is_shard_row", "is_presence_row", "row_to_instance", "TableSnapshot"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +91,35 @@ def is_shard_row(row: Mapping[str, Any], stream: str | None = None) -> bool:
     if stream is not None and row_stream != stream:
         return False
     return key == lease_key(row_stream, shard_id) and COUNTER in row
+
+
+def is_presence_row(row: Mapping[str, Any], stream: str | None = None) -> bool:
+    """True if ``row`` is a presence row (key ``"<stream>#instance#<owner>"``), of ``stream`` if given."""
+    key, row_stream, owner = row.get(KEY), row.get(STREAM), row.get(OWNER)
+    if not (isinstance(key, str) and isinstance(row_stream, str) and isinstance(owner, str)):
+        return False
+    if stream is not None and row_stream != stream:
+        return False
+    return key == presence_key(row_stream, owner) and COUNTER in row
+
+
+def row_to_instance(row: Mapping[str, Any]) -> Instance:
+    """Build the immutable :class:`Instance` of a presence row."""
+    return Instance(
+        stream=row[STREAM],
+        owner=row[OWNER],
+        counter=int(row[COUNTER]),
+        duration_ms=int(row.get(DURATION_MS, 0)),
+        expiry_ms=int(row.get(EXPIRY, 0)),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSnapshot:
+    """One consistent scan of a stream's rows: its shard leases and its live instances."""
+
+    leases: list[Lease]
+    instances: list[Instance]
 
 
 def row_to_lease(row: Mapping[str, Any]) -> Lease:
@@ -220,6 +258,9 @@ class BaseLeaseStore:
     ) -> Row | None:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _delete(self, key: str) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ expiry
     def _note(self, row: Mapping[str, Any]) -> None:
         """Record that this store saw ``row``'s counter (now, unless it saw that counter before)."""
@@ -240,7 +281,7 @@ class BaseLeaseStore:
             # seen[0] > counter: the caller's Lease is stale; judge the newest counter seen.
             return (now - seen[1]) * 1000.0 >= duration_ms
 
-    def is_expired(self, lease: Lease) -> bool:
+    def is_expired(self, lease: Lease | Instance) -> bool:
         """True if the lease's counter has not changed for its duration, as this store saw it.
 
         The judgement uses only this store's monotonic clock: the first time the store
@@ -250,15 +291,16 @@ class BaseLeaseStore:
         owner is not considered: a free row can be taken whether or not it is expired.
 
         Args:
-            lease: a Lease read or written by any store.
+            lease: a Lease (or a presence row's :class:`Instance`: True means stale) read
+                or written by any store.
 
         Returns:
             True when expired for this store.
 
         Raises:
-            InvalidError: ``lease`` is not a Lease.
+            InvalidError: ``lease`` is not a Lease or an Instance.
         """
-        if not isinstance(lease, Lease):
+        if not isinstance(lease, (Lease, Instance)):
             raise InvalidError(f"is_expired needs a Lease, got {type(lease).__name__}")
         return self._expired(lease.key, lease.counter, lease.duration_ms)
 
@@ -499,6 +541,80 @@ class BaseLeaseStore:
         self._note(new)
         return True
 
+    def hand_over(self, lease: Lease, *, to: str | None = None) -> Lease:
+        """The holder gives its lease to another owner in one fenced write (graceful handoff).
+
+        The owner becomes ``to`` (default: ``lease.next_owner``, the instance that asked),
+        the counter rises by one, ``lease_next_owner`` is cleared and the checkpoint is
+        kept. The row is never free in between, so no third instance can take it; the
+        new owner re-takes its own row at once and resumes after the checkpoint.
+
+        Args:
+            lease: the latest Lease the holder got from this store.
+            to: owner id of the receiver; default ``lease.next_owner``.
+
+        Returns:
+            The new Lease (owned by ``to``).
+
+        Raises:
+            InvalidError: ``lease`` has no owner, or there is no receiver other than the
+                holder (before any I/O).
+            LeaseLostError: the lease is not held at that counter any more; nothing changed.
+            LeaseStoreError: the store is missing or unreachable.
+        """
+        _validate_lease(lease, "hand_over")
+        receiver = to if to is not None else lease.next_owner
+        if not isinstance(receiver, str) or not receiver.strip() or receiver == lease.owner:
+            raise InvalidError(f"hand_over of {lease.key!r} needs a receiver other than {lease.owner!r}, got {receiver!r}")
+        duration_ms = max(1, lease.duration_ms)
+        new = self._holder_write(
+            lease, "hand_over", {OWNER: receiver, EXPIRY: self._wall_expiry_ms(duration_ms)}, (NEXT_OWNER,)
+        )
+        logger.info("lease %s handed over by %s to %s", lease.key, lease.owner, receiver)
+        return new
+
+    def force_handoff(self, stream: str, shard_id: str, *, owner: str, duration_s: float) -> Lease | None:
+        """Take a lease whose holder did not honour ``owner``'s handoff request in time.
+
+        Succeeds only while the row still names ``owner`` as ``lease_next_owner`` (a
+        later take or hand-over clears it); conditional on the owner and counter read,
+        so it fences the holder exactly like taking an expired lease (its batch in
+        flight is then not checkpointed and will be delivered again).
+
+        Args:
+            stream: stream name.
+            shard_id: shard id.
+            owner: owner id that requested the handoff.
+            duration_s: lease duration of the new holder, seconds.
+
+        Returns:
+            The new Lease, or None when the request is gone or the row changed meanwhile.
+
+        Raises:
+            InvalidError: empty names or owner, or a bad duration (before any I/O).
+            LeaseStoreError: the store is missing or unreachable.
+        """
+        validate_names(stream, shard_id, owner)
+        duration_ms = _duration_ms(duration_s)
+        key = lease_key(stream, shard_id)
+        row = self._read(key)
+        if row is None or row.get(NEXT_OWNER) != owner or not is_shard_row(row):
+            return None
+        self._note(row)
+        holder, counter = row.get(OWNER), int(row[COUNTER])
+        new = self._update(
+            key,
+            holder,
+            counter,
+            {OWNER: owner, COUNTER: counter + 1, DURATION_MS: duration_ms, EXPIRY: self._wall_expiry_ms(duration_ms)},
+            (NEXT_OWNER,),
+        )
+        if new is None:
+            return None
+        self._note(new)
+        logger.warning("lease %s taken by %s from %s: the handoff was not honoured in time", key, owner, holder)
+        return row_to_lease(new)
+
     def get(self, stream: str, shard_id: str) -> Lease | None:
         """The shard's row (strongly consistent read), or None if there is none.
 
@@ -537,7 +653,106 @@ class BaseLeaseStore:
             LeaseStoreError: the store is missing or unreachable.
         """
         validate_names(stream)
-        rows = [row for row in self._scan(stream) if is_shard_row(row, stream)]
-        for row in rows:
+        return self._shard_leases(self._scan(stream), stream)
+
+    def _shard_leases(self, rows: Iterable[Row], stream: str) -> list[Lease]:
+        shard_rows = [row for row in rows if is_shard_row(row, stream)]
+        for row in shard_rows:
             self._note(row)
-        return sorted((row_to_lease(row) for row in rows), key=lambda lease: lease.shard_id)
+        return sorted((row_to_lease(row) for row in shard_rows), key=lambda lease: lease.shard_id)
+
+    # ------------------------------------------------------------------ presence (balancing)
+    def _presence(self, rows: Iterable[Row], stream: str, include_stale: bool) -> list[Instance]:
+        found = []
+        for row in rows:
+            if not is_presence_row(row, stream):
+                continue
+            self._note(row)
+            if include_stale or not self._expired(row[KEY], int(row[COUNTER]), int(row.get(DURATION_MS, 0))):
+                found.append(row_to_instance(row))
+        return sorted(found, key=lambda instance: instance.owner)
+
+    def heartbeat(self, stream: str, owner: str, *, duration_s: float) -> Instance:
+        """Create or refresh ``owner``'s presence row for ``stream``; the counter rises by one.
+
+        An instance heartbeats more often than ``duration_s``; other stores judge it stale
+        once its counter has not changed for ``duration_s`` since they first saw that
+        counter (the lease rule: no wall clock is compared). Only the instance itself
+        writes its row, so the write is conditional on the counter this store last saw
+        (one ``UpdateItem``), re-reading once if another process of the same owner id
+        (a restarted Coordinator) wrote meanwhile.
+
+        Args:
+            stream: stream name.
+            owner: the instance's owner id.
+            duration_s: how long the row stays fresh without a heartbeat, seconds.
+
+        Returns:
+            The presence row as an :class:`Instance`.
+
+        Raises:
+            InvalidError: empty names, or a bad duration (before any I/O).
+            LeaseStoreError: the store is missing or unreachable, or the row kept changing.
+        """
+        validate_names(stream, None, owner)
+        duration_ms = _duration_ms(duration_s)
+        key = presence_key(stream, owner)
+        fields: Row = {OWNER: owner, DURATION_MS: duration_ms, EXPIRY: self._wall_expiry_ms(duration_ms)}
+        with self._seen_lock:
+            seen = self._seen.get(key)
+        counter = seen[0] if seen is not None else None
+        for _ in range(4):
+            if counter is not None:
+                new = self._update(key, owner, counter, {**fields, COUNTER: counter + 1})
+                if new is not None:
+                    self._note(new)
+                    return row_to_instance(new)
+            row = self._read(key)
+            if row is None:
+                item: Row = {KEY: key, STREAM: stream, COUNTER: 1, **fields}
+                if self._put_new(item):
+                    self._note(item)
+                    return row_to_instance(item)
+                counter = None
+                continue
+            counter = int(row[COUNTER])
+        raise LeaseStoreError(f"presence row {key!r} kept changing; heartbeat not written", retriable=True)
+
+    def instances(self, stream: str, *, include_stale: bool = False) -> list[Instance]:
+        """The presence rows of ``stream``: the instances reading it (consistent read).
+
+        Args:
+            stream: stream name.
+            include_stale: also return rows whose counter has not changed for their
+                duration as this store saw it (a crashed instance's row).
+
+        Returns:
+            The Instances, sorted by owner id. A row this store sees for the first time is
+            fresh (it waits one full duration before calling it stale).
+
+        Raises:
+            InvalidError: empty stream (before any I/O).
+            LeaseStoreError: the store is missing or unreachable.
+        """
+        validate_names(stream)
+        return self._presence(self._scan(stream), stream, include_stale)
+
+    def snapshot(self, stream: str) -> TableSnapshot:
+        """One scan of ``stream``'s rows: its shard leases (as :meth:`list`) and its live
+        instances (as :meth:`instances`). What a Coordinator reads at each lease poll."""
+        validate_names(stream)
+        rows = self._scan(stream)
+        return TableSnapshot(self._shard_leases(rows, stream), self._presence(rows, stream, False))
+
+    def remove_presence(self, stream: str, owner: str) -> None:
+        """Delete ``owner``'s presence row for ``stream`` (a clean close); idempotent.
+
+        Raises:
+            InvalidError: empty names (before any I/O).
+            LeaseStoreError: the store is missing or unreachable.
+        """
+        validate_names(stream, None, owner)
+        key = presence_key(stream, owner)
+        self._delete(key)
+        with self._seen_lock:
+            self._seen.pop(key, None)

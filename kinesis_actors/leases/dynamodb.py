@@ -5,11 +5,13 @@ maps its four primitives onto DynamoDB:
 
 - read: ``GetItem`` with ``ConsistentRead=True``;
 - scan: ``Scan`` with ``ConsistentRead=True``, a ``FilterExpression`` on the ``stream``
-  attribute and the ``"<stream>:"`` key prefix, paged through ``LastEvaluatedKey``;
+  attribute and the ``"<stream>:"`` (shard rows) or ``"<stream>#instance#"`` (presence
+  rows) key prefix, paged through ``LastEvaluatedKey``;
 - create: ``PutItem`` with ``ConditionExpression=attribute_not_exists(lease_key)``;
 - update: ``UpdateItem`` with a ``ConditionExpression`` on ``lease_counter`` and
   ``lease_owner`` (``attribute_not_exists(lease_owner)`` for a free row) and
-  ``ReturnValues=ALL_NEW``; ``ConditionalCheckFailedException`` is the failed condition.
+  ``ReturnValues=ALL_NEW``; ``ConditionalCheckFailedException`` is the failed condition;
+- delete (presence rows only): ``DeleteItem``.
 
 On first use the table is checked (``DescribeTable``) and, with ``create_if_missing``,
 created (``CreateTable``, ``PAY_PER_REQUEST``, hash key ``lease_key`` S; a concurrent
@@ -347,9 +349,10 @@ class DynamoLeaseStore(BaseLeaseStore):
         kwargs: dict[str, Any] = {
             "TableName": self._table,
             "ConsistentRead": True,
-            "FilterExpression": "#stream = :stream AND begins_with(#key, :prefix)",
+            "FilterExpression": "#stream = :stream AND (begins_with(#key, :prefix) OR begins_with(#key, :presence))",
             "ExpressionAttributeNames": {"#stream": STREAM, "#key": KEY},
-            "ExpressionAttributeValues": {":stream": {"S": stream}, ":prefix": {"S": f"{stream}:"}},
+            "ExpressionAttributeValues": {":stream": {"S": stream}, ":prefix": {"S": f"{stream}:"},
+                                          ":presence": {"S": f"{stream}#instance#"}},
         }
         if self._scan_page_size is not None:
             kwargs["Limit"] = self._scan_page_size
@@ -373,6 +376,10 @@ class DynamoLeaseStore(BaseLeaseStore):
             ExpressionAttributeNames={"#key": KEY},
         )
         return response is not None
+
+    def _delete(self, key: str) -> None:
+        self._ensure_table()
+        self._api("DeleteItem", TableName=self._table, Key={KEY: {"S": key}})
 
     def _update(
         self,

@@ -88,6 +88,10 @@ class _LocalRows:
             self._rows[key] = new
             return dict(new)
 
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._rows.pop(key, None)
+
     def size(self) -> int:
         with self._lock:
             return len(self._rows)
@@ -137,6 +141,9 @@ class InProcessLeaseStore(BaseLeaseStore):
     def _update(self, key, expect_owner, expect_counter, set_fields, remove_fields=(), *, check_owner=True):
         return self._rows.update(key, expect_owner, expect_counter, set_fields, tuple(remove_fields), check_owner)
 
+    def _delete(self, key: str) -> None:
+        self._rows.delete(key)
+
 
 class MemoryLeaseTable(_LocalRows):
     """The Ray actor body of :class:`MemoryLeaseStore`: one lease table in a dict.
@@ -146,8 +153,8 @@ class MemoryLeaseTable(_LocalRows):
     """
 
     def call(self, operation: str, *args: Any) -> Any:
-        """Run one primitive (``read``, ``scan``, ``put_new``, ``update``, ``size``)."""
-        if operation not in ("read", "scan", "put_new", "update", "size"):
+        """Run one primitive (``read``, ``scan``, ``put_new``, ``update``, ``delete``, ``size``)."""
+        if operation not in ("read", "scan", "put_new", "update", "delete", "size"):
             raise ValueError(f"unknown lease-table operation {operation!r}")
         return getattr(self, operation)(*args)
 
@@ -330,3 +337,6 @@ class MemoryLeaseStore(BaseLeaseStore):
         return self._call(
             "update", key, expect_owner, expect_counter, dict(set_fields), tuple(remove_fields), check_owner
         )
+
+    def _delete(self, key: str) -> None:
+        self._call("delete", key)

@@ -16,7 +16,16 @@ attribute                        type meaning
 ``start_position``               S    where a never-checkpointed shard was first opened
 ``parent_shard_ids``             SS   parents of a child shard (resharding)
 ``lease_next_owner``             S    an instance asking for a graceful handoff
+``stream_arn``                   S    the stream's ARN when the row was (re)started
+``stream_creation_ms``           N    the stream's creation time, epoch ms: with the ARN,
+                                      which incarnation of the stream the row belongs to
 ================================ ==== =================================================
+
+Presence rows (one per live instance reading a stream, for lease balancing) share the
+table under a key that cannot be a shard's, ``"<stream>#instance#<owner>"``, with
+``stream``, ``lease_owner``, ``lease_counter`` (+1 on every heartbeat),
+``lease_duration_ms`` and ``lease_expiry``. They are judged fresh or stale by the same
+observation rule as leases and are never returned by ``list()``.
 
 Expiry is judged as KCL judges it: never by comparing another host's wall clock. Each
 store notes, per row, the counter it last saw and when it first saw it (its own
@@ -32,7 +41,8 @@ from typing import Protocol, runtime_checkable
 
 from ..errors import InvalidError
 
-__all__ = ["Lease", "LeaseStore", "SHARD_END", "lease_key", "validate_names", "validate_checkpoint"]
+__all__ = ["Lease", "Instance", "LeaseStore", "SHARD_END", "lease_key", "presence_key", "validate_names",
+           "validate_checkpoint"]
 
 SHARD_END = "SHARD_END"
 """Checkpoint value of a shard read to its end and fully acknowledged (KCL's sentinel)."""
@@ -43,6 +53,11 @@ _SEQUENCE_RE = re.compile(r"^[0-9]{1,128}$")
 def lease_key(stream: str, shard_id: str) -> str:
     """The lease table's hash key for a shard: ``"<stream>:<shard id>"``."""
     return f"{stream}:{shard_id}"
+
+
+def presence_key(stream: str, owner: str) -> str:
+    """The key of an instance's presence row: ``"<stream>#instance#<owner>"`` (never a shard's key)."""
+    return f"{stream}#instance#{owner}"
 
 
 def validate_names(stream: str, shard_id: str | None = None, owner: str | None = None) -> None:
@@ -87,6 +102,10 @@ class Lease:
             serialised ``StartAt``), so a replacement reader never re-resolves ``LATEST``.
         parent_shard_ids: parent shards of a child shard (after a split or merge).
         next_owner: owner id of an instance waiting for a graceful handoff, or None.
+        stream_arn / stream_creation_ms: the identity of the stream incarnation the row
+            belongs to (``DescribeStreamSummary``'s ARN and creation time), or None on a
+            row written without it. A stream deleted and re-created under the same name
+            has another identity: its old rows' checkpoints are never applied.
     """
 
     stream: str
@@ -100,6 +119,8 @@ class Lease:
     start_position: str | None = None
     parent_shard_ids: tuple[str, ...] = ()
     next_owner: str | None = None
+    stream_arn: str | None = None
+    stream_creation_ms: int | None = None
 
     @property
     def key(self) -> str:
@@ -107,9 +128,42 @@ class Lease:
         return lease_key(self.stream, self.shard_id)
 
     @property
+    def stream_identity(self) -> tuple[str, int] | None:
+        """``(stream_arn, stream_creation_ms)`` of the row's stream incarnation, or None if unknown."""
+        if self.stream_arn is None or self.stream_creation_ms is None:
+            return None
+        return (self.stream_arn, self.stream_creation_ms)
+
+    @property
     def finished(self) -> bool:
         """True once the shard was read to its end and acknowledged (``checkpoint == SHARD_END``)."""
         return self.checkpoint == SHARD_END
+
+
+@dataclasses.dataclass(frozen=True)
+class Instance:
+    """One presence row: an instance (a subscription's owner id) reading ``stream``.
+
+    Attributes:
+        stream: stream name.
+        owner: owner id of the instance.
+        counter: raised by every heartbeat; a counter that stays the same for
+            ``duration_ms`` (as a store observes it) makes the instance stale.
+        duration_ms: how long the row stays fresh without a heartbeat, milliseconds.
+        expiry_ms: writer's wall clock at its last heartbeat + duration, epoch ms
+            (informational only).
+    """
+
+    stream: str
+    owner: str
+    counter: int
+    duration_ms: int = 0
+    expiry_ms: int = 0
+
+    @property
+    def key(self) -> str:
+        """The presence row's key, ``"<stream>#instance#<owner>"``."""
+        return presence_key(self.stream, self.owner)
 
 
 @runtime_checkable
@@ -156,4 +210,31 @@ class LeaseStore(Protocol):
 
     def is_expired(self, lease: Lease) -> bool:
         """True if the row's counter has not changed for its duration, as this store saw it."""
+        ...
+
+    # Lease balancing (issue 6). The Coordinator degrades to "take free and expired
+    # leases only" with a store that lacks these.
+    def request_handoff(self, stream: str, shard_id: str, *, owner: str, expect_counter: int) -> bool:
+        """Ask the holder to hand the lease over to ``owner`` (sets ``lease_next_owner``)."""
+        ...
+
+    def hand_over(self, lease: Lease, *, to: str | None = None) -> Lease:
+        """The holder gives the lease to ``to`` (default ``lease.next_owner``): owner changes,
+        counter +1, checkpoint kept. ``LeaseLostError`` if not held any more."""
+        ...
+
+    def force_handoff(self, stream: str, shard_id: str, *, owner: str, duration_s: float) -> Lease | None:
+        """Take a lease whose holder did not honour ``owner``'s handoff request in time."""
+        ...
+
+    def heartbeat(self, stream: str, owner: str, *, duration_s: float) -> Instance:
+        """Create or refresh ``owner``'s presence row for ``stream`` (counter +1)."""
+        ...
+
+    def instances(self, stream: str, *, include_stale: bool = False) -> list[Instance]:
+        """Presence rows of ``stream`` (fresh ones only, unless ``include_stale``), sorted by owner."""
+        ...
+
+    def remove_presence(self, stream: str, owner: str) -> None:
+        """Delete ``owner``'s presence row for ``stream`` (idempotent)."""
         ...
