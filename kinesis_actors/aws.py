@@ -33,7 +33,11 @@ class AwsSettings:
             or None for the default credential chain (resolved lazily on the first call).
         profile: a named profile of the AWS config files, or None.
         connect_timeout_s / read_timeout_s: botocore socket timeouts, seconds.
-        max_attempts: botocore ``standard`` retry mode attempts (throttling, 5xx, network).
+        max_attempts: botocore ``standard`` retry mode retries after the first attempt
+            (throttling, 5xx, network); 0 disables botocore's retries.
+        faults: a fault injector installed on every client built from these settings
+            (``kinesis_actors.testing.FaultInjector``), or None (the default: no hook, no
+            cost). Not part of equality or the session cache key.
     """
 
     endpoint: str | None = None
@@ -44,6 +48,7 @@ class AwsSettings:
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 10.0
     max_attempts: int = 3
+    faults: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def merged_over(self, base: "AwsSettings") -> "AwsSettings":
         """Return these settings with every unset field (None/False) taken from ``base``."""
@@ -88,10 +93,13 @@ class AwsSettings:
         config = Config(
             connect_timeout=self.connect_timeout_s,
             read_timeout=read_timeout_s if read_timeout_s is not None else self.read_timeout_s,
-            retries={"mode": "standard", "max_attempts": max_attempts or self.max_attempts},
+            retries={"mode": "standard", "max_attempts": self.max_attempts if max_attempts is None else max_attempts},
             max_pool_connections=32,
         )
-        return self.session().client(service, endpoint_url=self.endpoint, config=config)
+        client = self.session().client(service, endpoint_url=self.endpoint, config=config)
+        if self.faults is not None:  # tests only: kinesis_actors.testing.FaultInjector
+            self.faults.install(client, read_timeout_s=config.read_timeout)
+        return client
 
 
 _LOCK = threading.Lock()

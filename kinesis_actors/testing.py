@@ -4,17 +4,27 @@
   Ray, no network); ``store.peer()`` gives a second "host" over the same rows.
 - :class:`FlakyLeaseStore`: wraps any lease store and fails the Nth call of a chosen
   method with a chosen exception (the idea of KCL's ``ExceptionThrowingLeaseRefresher``).
+- :class:`FaultInjector` and :class:`Fault`: a botocore event hook that answers chosen
+  AWS operations, for chosen shards, with service errors (throttling, expired
+  iterators, ``InternalFailure``), delays or hangs, in every process of a Ray cluster
+  (see :func:`with_faults`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import random
 import threading
+import time
+import uuid
 from typing import Any
 
 from .errors import LeaseStoreError
 from .leases.memory import InProcessLeaseStore
 
-__all__ = ["InProcessLeaseStore", "FlakyLeaseStore"]
+__all__ = ["InProcessLeaseStore", "FlakyLeaseStore", "Fault", "FaultInjector", "FaultCall", "with_faults"]
 
 
 class FlakyLeaseStore:
@@ -117,3 +127,323 @@ class FlakyLeaseStore:
             return result
 
         return flaky
+
+
+# ---------------------------------------------------------------------------- fault injection
+_ERROR_STATUS = {
+    "InternalFailure": 500,
+    "InternalServerError": 500,
+    "ServiceUnavailable": 503,
+    "ServiceUnavailableException": 503,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """One rule of a :class:`FaultInjector`: which calls it hits and how it answers them.
+
+    Attributes:
+        operation: the AWS API name (``"GetRecords"``, ``"ListShards"``,
+            ``"DescribeStreamSummary"``...) or ``"*"`` for every operation.
+        error: the AWS error code to answer with (``"ProvisionedThroughputExceededException"``,
+            ``"LimitExceededException"``, ``"ExpiredIteratorException"``, ``"InternalFailure"``...),
+            as an HTTP error response (400, or 500/503 for server faults) that botocore
+            parses and may retry like a real one; None to answer normally (after ``delay_s``).
+        shards: only calls on these shard ids (``ShardId``, or the shard a ``ShardIterator``
+            was issued for); empty: any call.
+        probability: chance, 0..1, that a matching call is hit.
+        times: hit at most this many calls in all (counted across processes); None: no limit.
+        delay_s: seconds to wait before answering (a slow service; with ``error=None`` and a
+            long delay, a call that is stuck whatever the client's timeout says).
+        hang: no answer at all: the call waits out the client's read timeout and fails with
+            botocore's ``ReadTimeoutError``, as a hung connection does.
+        service: the botocore service the rule applies to (``"kinesis"``).
+    """
+
+    operation: str
+    error: str | None = "ProvisionedThroughputExceededException"
+    shards: tuple[str, ...] = ()
+    probability: float = 1.0
+    times: int | None = None
+    delay_s: float = 0.0
+    hang: bool = False
+    service: str = "kinesis"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.operation, str) or not self.operation:
+            raise ValueError(f"operation must be an AWS API name or '*', got {self.operation!r}")
+        if not 0.0 <= float(self.probability) <= 1.0:
+            raise ValueError(f"probability must be within 0..1, got {self.probability!r}")
+        if self.times is not None and self.times < 1:
+            raise ValueError(f"times must be >= 1 or None, got {self.times!r}")
+        if self.delay_s < 0:
+            raise ValueError(f"delay_s must be >= 0, got {self.delay_s!r}")
+        if isinstance(self.shards, str):
+            object.__setattr__(self, "shards", (self.shards,))
+
+    def matches(self, service: str, operation: str, shard: str | None) -> bool:
+        """True if a call of ``operation`` on ``shard`` (None: unknown) is one this rule targets."""
+        if service != self.service or self.operation not in ("*", operation):
+            return False
+        return not self.shards or shard in self.shards
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultCall:
+    """One HTTP attempt seen by a :class:`FaultInjector` (from its call log).
+
+    Attributes:
+        time: epoch seconds when the attempt was made. pid: the process that made it.
+        service, operation: e.g. ``"kinesis"``, ``"GetRecords"``. shard: the shard id, or None.
+        fault: what was injected: an error code, ``"hang"``, ``"delay"``, or None (passed through).
+    """
+
+    time: float
+    pid: int
+    service: str
+    operation: str
+    shard: str | None
+    fault: str | None
+
+
+class _Raw:
+    """The ``raw`` of a fake botocore ``AWSResponse``: a body read through ``stream()``."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def stream(self, **_: Any) -> Any:
+        return iter([self._body])
+
+
+class _InjectorState:
+    """Per process: the rules last read, the shard each iterator was issued for."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.rules: list[tuple[str, Fault]] = []
+        self.rules_mtime: int | None = None
+        self.lock = threading.Lock()
+        self.iterators: dict[str, str] = {}
+        self.tls = threading.local()
+
+    def current_rules(self) -> list[tuple[str, Fault]]:
+        path = os.path.join(self.directory, "rules.json")
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except FileNotFoundError:
+            return []
+        with self.lock:
+            if mtime != self.rules_mtime:
+                with open(path, encoding="utf-8") as f:
+                    doc = json.load(f)
+                self.rules = [(r.pop("id"), Fault(**{**r, "shards": tuple(r.get("shards", ()))})) for r in doc["rules"]]
+                self.rules_mtime = mtime
+            return list(self.rules)
+
+    def note_iterator(self, iterator: str | None, shard: str | None) -> None:
+        if iterator and shard:
+            with self.lock:
+                if len(self.iterators) > 10_000:
+                    self.iterators.clear()
+                self.iterators[iterator] = shard
+
+
+_STATES: dict[str, _InjectorState] = {}
+_STATES_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultInjector:
+    """Injects AWS service faults through botocore event hooks, in every process.
+
+    The injector is a small picklable value (a directory): it travels inside
+    :class:`~kinesis_actors.aws.AwsSettings` (field ``faults``) into the Coordinator and
+    ShardReader actors, and every boto3 client built from those settings installs its
+    hooks. The rules live in ``<directory>/rules.json`` and are re-read by every process
+    when the file changes, so a test changes them while the actors run. Every HTTP
+    attempt of a hooked client is appended to ``<directory>/calls.jsonl`` (see
+    :meth:`calls`). Clients built without an injector carry no hook at all.
+
+    Faults are answered before the request is sent (botocore's ``before-send`` event), as
+    an HTTP error response that botocore parses, and retries where its retry mode says so,
+    exactly like a real one.
+
+    Args:
+        directory: a directory shared by the processes (created if missing).
+
+    Example:
+        >>> faults = FaultInjector.create(tmp_path)                      # doctest: +SKIP
+        >>> broker = with_faults(KinesisBroker(endpoint=url, test_credentials=True), faults)  # doctest: +SKIP
+        >>> faults.set(Fault("GetRecords", probability=0.5))               # doctest: +SKIP
+        >>> faults.clear()                                                 # doctest: +SKIP
+    """
+
+    directory: str
+
+    @classmethod
+    def create(cls, directory: Any) -> "FaultInjector":
+        """An injector in ``directory`` (created if missing) with no rules and an empty call log."""
+        path = os.fspath(directory)
+        os.makedirs(path, exist_ok=True)
+        for name in os.listdir(path):
+            if name == "calls.jsonl" or name.startswith("count-"):
+                os.unlink(os.path.join(path, name))
+        injector = cls(path)
+        injector.clear()
+        return injector
+
+    # ------------------------------------------------------------------ control (the test's side)
+    def set(self, *faults: Fault) -> None:
+        """Replace the rules (every process sees them on its next call). Counters of
+        ``times`` start again from zero."""
+        for fault in faults:
+            if not isinstance(fault, Fault):
+                raise TypeError(f"set() takes Fault rules, got {fault!r}")
+        stamp = uuid.uuid4().hex[:8]
+        doc = {"rules": [{"id": f"{stamp}-{i}", **dataclasses.asdict(f)} for i, f in enumerate(faults)]}
+        tmp = os.path.join(self.directory, f".rules-{stamp}.json")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        os.replace(tmp, os.path.join(self.directory, "rules.json"))
+
+    def clear(self) -> None:
+        """Remove every rule: calls pass through (and are still logged)."""
+        self.set()
+
+    def calls(self, operation: str | None = None, *, shard: str | None = None, since: float = 0.0) -> list[FaultCall]:
+        """The HTTP attempts logged so far, oldest first, optionally of one operation or shard."""
+        out: list[FaultCall] = []
+        try:
+            with open(os.path.join(self.directory, "calls.jsonl"), encoding="utf-8") as f:
+                lines = f.readlines()
+        except FileNotFoundError:
+            return out
+        for line in lines:
+            try:
+                call = FaultCall(**json.loads(line))
+            except (ValueError, TypeError):
+                continue  # a line being written right now
+            if operation is not None and call.operation != operation:
+                continue
+            if shard is not None and call.shard != shard:
+                continue
+            if call.time >= since:
+                out.append(call)
+        return sorted(out, key=lambda c: c.time)
+
+    # ------------------------------------------------------------------ hooks (every process)
+    def _state(self) -> _InjectorState:
+        with _STATES_LOCK:
+            state = _STATES.get(self.directory)
+            if state is None:
+                state = _STATES[self.directory] = _InjectorState(self.directory)
+            return state
+
+    def install(self, client: Any, *, read_timeout_s: float | None = None) -> Any:
+        """Register the hooks on a boto3 client (``AwsSettings.client`` calls this); returns it."""
+        state = self._state()
+        service = client.meta.service_model.service_id.hyphenize()
+        timeout = float(read_timeout_s if read_timeout_s is not None else client.meta.config.read_timeout)
+        events = client.meta.events
+
+        def before_params(params: dict[str, Any], model: Any, **_: Any) -> None:
+            shard = params.get("ShardId")
+            if shard is None and params.get("ShardIterator"):
+                shard = state.iterators.get(params["ShardIterator"])
+            state.tls.call = (model.name, shard)
+
+        def before_send(request: Any, **_: Any) -> Any:
+            operation, shard = getattr(state.tls, "call", (None, None))
+            if operation is None:
+                return None
+            fault = self._pick(state, service, operation, shard)
+            self._log(service, operation, shard, None if fault is None else
+                      ("hang" if fault.hang else fault.error or "delay"))
+            if fault is None:
+                return None
+            if fault.delay_s:
+                time.sleep(fault.delay_s)
+            if fault.hang:
+                from botocore.exceptions import ReadTimeoutError
+
+                time.sleep(timeout)
+                raise ReadTimeoutError(endpoint_url=request.url)
+            if fault.error is None:
+                return None
+            return self._error_response(request, fault.error)
+
+        def after_call(parsed: dict[str, Any], model: Any, **_: Any) -> None:
+            _, shard = getattr(state.tls, "call", (None, None))
+            if model.name == "GetShardIterator":
+                state.note_iterator(parsed.get("ShardIterator"), shard)
+            elif model.name == "GetRecords":
+                state.note_iterator(parsed.get("NextShardIterator"), shard)
+
+        events.register(f"before-parameter-build.{service}", before_params, unique_id=f"ka-faults-params-{id(client)}")
+        events.register(f"before-send.{service}", before_send, unique_id=f"ka-faults-send-{id(client)}")
+        events.register(f"after-call.{service}", after_call, unique_id=f"ka-faults-after-{id(client)}")
+        return client
+
+    def _pick(self, state: _InjectorState, service: str, operation: str, shard: str | None) -> Fault | None:
+        for rule_id, fault in state.current_rules():
+            if not fault.matches(service, operation, shard):
+                continue
+            if fault.probability < 1.0 and random.random() >= fault.probability:
+                continue
+            if fault.times is not None and not self._count(rule_id, fault.times):
+                continue
+            return fault
+        return None
+
+    def _count(self, rule_id: str, times: int) -> bool:
+        """Take one of the rule's ``times`` (a counter file under an exclusive lock)."""
+        import fcntl
+
+        path = os.path.join(self.directory, f"count-{rule_id}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            used = int(os.read(fd, 32) or b"0")
+            if used >= times:
+                return False
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.ftruncate(fd, 0)
+            os.write(fd, str(used + 1).encode())
+            return True
+        finally:
+            os.close(fd)
+
+    def _log(self, service: str, operation: str, shard: str | None, fault: str | None) -> None:
+        line = json.dumps({"time": time.time(), "pid": os.getpid(), "service": service,
+                           "operation": operation, "shard": shard, "fault": fault}) + "\n"
+        fd = os.open(os.path.join(self.directory, "calls.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())  # one short O_APPEND write: lines never interleave
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _error_response(request: Any, code: str) -> Any:
+        from botocore.awsrequest import AWSResponse
+
+        body = json.dumps({"__type": code, "message": f"injected by kinesis_actors.testing.FaultInjector: {code}"})
+        headers = {"x-amzn-RequestId": uuid.uuid4().hex, "Content-Type": "application/x-amz-json-1.1",
+                   "Content-Length": str(len(body))}
+        return AWSResponse(request.url, _ERROR_STATUS.get(code, 400), headers, _Raw(body.encode()))
+
+
+def with_faults(broker: Any, injector: FaultInjector | None) -> Any:
+    """Give a not-yet-connected ``KinesisBroker`` a fault injector; returns the broker.
+
+    Every Kinesis client built for it (the driver's, the Coordinator's and each
+    ShardReader's) then carries the injector's hooks. The lease store keeps its own
+    settings (no faults).
+
+    Raises:
+        ValueError: the broker is already connected.
+    """
+    if broker._state.aws is not None:
+        raise ValueError("with_faults() must be applied before connect()")
+    broker._aws = dataclasses.replace(broker._aws, faults=injector)
+    return broker

@@ -78,6 +78,8 @@ SUB_SEQUENCE = "checkpoint_sub_sequence"
 START_POSITION = "start_position"
 PARENTS = "parent_shard_ids"
 NEXT_OWNER = "lease_next_owner"
+STREAM_ARN = "stream_arn"
+STREAM_CREATION_MS = "stream_creation_ms"
 
 
 def is_shard_row(row: Mapping[str, Any], stream: str | None = None) -> bool:
@@ -138,6 +140,8 @@ def row_to_lease(row: Mapping[str, Any]) -> Lease:
         start_position=row.get(START_POSITION),
         parent_shard_ids=tuple(sorted(parents)),
         next_owner=row.get(NEXT_OWNER),
+        stream_arn=row.get(STREAM_ARN),
+        stream_creation_ms=None if row.get(STREAM_CREATION_MS) is None else int(row[STREAM_CREATION_MS]),
     )
 
 
@@ -316,6 +320,7 @@ class BaseLeaseStore:
         owner: str,
         duration_s: float,
         parent_shard_ids: tuple[str, ...] = (),
+        stream_identity: tuple[str, int] | None = None,
     ) -> Lease | None:
         """Take the shard's lease for ``owner``; create the row if it is missing.
 
@@ -329,7 +334,14 @@ class BaseLeaseStore:
             shard_id: shard id, e.g. ``"shardId-000000000000"``.
             owner: owner id of the taker.
             duration_s: lease duration, seconds (any positive finite number).
-            parent_shard_ids: parent shards, written only when the row is created.
+            parent_shard_ids: parent shards, written only when the row is created (or
+                restarted for a new stream incarnation).
+            stream_identity: ``(stream ARN, creation time in epoch ms)`` of the stream as
+                the taker sees it, or None. Written on a new row and on a row without one.
+                A row of ANOTHER incarnation (the stream was deleted and re-created under
+                the same name) is restarted by the take: its checkpoint, sub-sequence and
+                start position are removed (a warning is logged), so the shard opens at
+                the subscription's ``start_at``; its stale checkpoint is never applied.
 
         Returns:
             The new Lease, or None when another owner holds it live or won a race for it.
@@ -346,6 +358,12 @@ class BaseLeaseStore:
         parents = tuple(parent_shard_ids or ())
         if not all(isinstance(p, str) and p.strip() for p in parents):
             raise InvalidError(f"parent_shard_ids must be non-empty strings, got {parent_shard_ids!r}")
+        identity: Row = {}
+        if stream_identity is not None:
+            arn, created_ms = stream_identity
+            if not isinstance(arn, str) or not arn or isinstance(created_ms, bool) or not isinstance(created_ms, int):
+                raise InvalidError(f"stream_identity must be (ARN, creation epoch ms), got {stream_identity!r}")
+            identity = {STREAM_ARN: arn, STREAM_CREATION_MS: created_ms}
         key = lease_key(stream, shard_id)
 
         row = self._read(key)
@@ -361,6 +379,7 @@ class BaseLeaseStore:
             }
             if parents:
                 item[PARENTS] = tuple(sorted(set(parents)))
+            item.update(identity)
             if self._put_new(item):
                 self._note(item)
                 logger.debug("lease %s created and taken by %s", key, owner)
@@ -374,18 +393,29 @@ class BaseLeaseStore:
         if current_owner is not None and current_owner != owner:
             if not self._expired(key, counter, int(row.get(DURATION_MS, 0))):
                 return None
-        new = self._update(
-            key,
-            current_owner,
-            counter,
-            {
-                OWNER: owner,
-                COUNTER: counter + 1,
-                DURATION_MS: duration_ms,
-                EXPIRY: self._wall_expiry_ms(duration_ms),
-            },
-            (NEXT_OWNER,),
-        )
+        fields: Row = {
+            OWNER: owner,
+            COUNTER: counter + 1,
+            DURATION_MS: duration_ms,
+            EXPIRY: self._wall_expiry_ms(duration_ms),
+        }
+        remove: tuple[str, ...] = (NEXT_OWNER,)
+        if identity and row.get(STREAM_ARN) is None:
+            fields.update(identity)  # a row written without an identity: stamp it
+        elif identity and (row.get(STREAM_ARN), row.get(STREAM_CREATION_MS)) != tuple(identity.values()):
+            logger.warning(
+                "lease %s belongs to another incarnation of stream %s (%s created %s ms, now %s created %s ms):"
+                " its checkpoint %r is not applied; the shard opens at the subscription's start_at",
+                key, stream, row.get(STREAM_ARN), row.get(STREAM_CREATION_MS), identity[STREAM_ARN],
+                identity[STREAM_CREATION_MS], row.get(CHECKPOINT),
+            )
+            fields.update(identity)
+            remove += (CHECKPOINT, SUB_SEQUENCE, START_POSITION)
+            if parents:
+                fields[PARENTS] = tuple(sorted(set(parents)))
+            else:
+                remove += (PARENTS,)
+        new = self._update(key, current_owner, counter, fields, remove)
         if new is None:
             logger.debug("lease %s: %s lost the race to take it", key, owner)
             return None
