@@ -85,6 +85,13 @@ class ReaderSpec:
     dead_letter: Any = None
 
     @property
+    def call_timeout_s(self) -> float:
+        """Connect and read timeout of the reader's Kinesis calls: shorter than the lease
+        (half of it, at most 10 s; up to 1 s for very short leases), seconds."""
+        lease = self.lease_duration_s
+        return min(10.0, max(0.5 * lease, min(1.0, 0.75 * lease)))
+
+    @property
     def renew_deadline_s(self) -> float:
         """How long after its last successful write a reader keeps retrying a failing renewal."""
         return max(self.lease_duration_s - max(self.renew_interval_s, 0.1 * self.lease_duration_s), 0.5 * self.lease_duration_s)
@@ -205,7 +212,10 @@ class ShardReaderCore:
             start = self.spec.start_at
             recorded = StartAt("AT_TIMESTAMP", timestamp_ms=int(time.time() * 1000)) if start.kind == "LATEST" else start
             await self._write("set_start_position", recorded.to_str())
-            position = start
+            self._set_resume(recorded)  # an expired iterator reopens there, never at a later tip
+            self._iterator = await self._get_iterator(start)
+            self.stats["state"] = "open"
+            return
         assert position is not None
         self._set_resume(position)
         self._iterator = await self._get_iterator(position)
@@ -233,10 +243,10 @@ class ShardReaderCore:
                 return await asyncio.to_thread(call)
             except Exception as e:
                 attempt += 1
-                if not is_throttling(e) or attempt > 8:
+                if not is_throttling(e) or self._lost:
                     raise translate_aws_error(e, operation="GetShardIterator", resource=f"{self.spec.stream}/{self.spec.shard_id}") from e
                 self.stats["throttles"] += 1
-                await asyncio.sleep(self._backoff(attempt))
+                await self._sleep_alive(self._backoff(attempt))  # throttled or unreachable: retried while we hold the lease
 
     # ---------------------------------------------------------------- run
     async def run(self) -> str:
@@ -335,9 +345,14 @@ class ShardReaderCore:
         return ReaderOutcome.SHARD_END
 
     async def _pace(self) -> None:
-        wait = self._next_call_at - self._clock()
-        if wait > 0:
-            await asyncio.sleep(wait)
+        await self._sleep_alive(self._next_call_at - self._clock())
+
+    async def _sleep_alive(self, seconds: float) -> None:
+        """Sleep on purpose (pacing, backoff), stamping the heartbeat: the loop is alive."""
+        end = self._clock() + seconds
+        while (left := end - self._clock()) > 0:
+            await asyncio.sleep(min(left, max(0.05, self.spec.renew_interval_s / 2)))
+            self._alive()
 
     @staticmethod
     def _backoff(attempt: int) -> float:
@@ -511,7 +526,11 @@ def _make_ray_actor() -> Any:
             import ray._private.worker as _ray_worker
 
             _ray_worker.blocking_get_inside_async_warned = True
-            kinesis = spec.aws.client("kinesis", read_timeout_s=max(1.0, min(10.0, spec.lease_duration_s / 2)))
+            # Every attempt is the loop's own (paced, <= 5/s): no botocore retries. Each call
+            # times out well within the lease, so only a truly stuck loop lets it lapse.
+            timeout_s = spec.call_timeout_s
+            aws = dataclasses.replace(spec.aws, connect_timeout_s=min(spec.aws.connect_timeout_s, timeout_s))
+            kinesis = aws.client("kinesis", read_timeout_s=timeout_s, max_attempts=0)
 
             async def deliver(records: list[Record]) -> Any:
                 return await getattr(sink, spec.sink_method).remote(records)
