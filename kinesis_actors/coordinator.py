@@ -20,6 +20,12 @@ has checkpoint ``SHARD_END`` in the table (a missing parent row is not a finishe
 parent); children open at ``TRIM_HORIZON``. A row whose shard is no longer listed
 never starts a reader and never blocks a child.
 
+Stream identity: the first pass notes the stream's ARN and creation time
+(``DescribeStreamSummary``); every take writes them on the row. A row of another
+incarnation (the stream was deleted and re-created under the same name) counts as
+absent: it finishes no parent, and taking it restarts it at ``start_at`` (its stale
+checkpoint is never applied).
+
 :class:`CoordinatorCore` is plain asyncio over an injectable reader launcher;
 :class:`Coordinator` is the thin Ray actor.
 """
@@ -36,7 +42,7 @@ from typing import Any, Protocol
 from .aws import AwsSettings
 from .config import KinesisStream
 from .errors import KinesisError, LeaseLostError
-from .kinesis import ShardInfo, list_shards
+from .kinesis import ShardInfo, describe_stream, list_shards
 from .leases.protocol import Lease, LeaseStore
 from .reader import ReaderOutcome, ReaderSpec
 from .records import StartAt
@@ -118,6 +124,9 @@ class CoordinatorCore:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._last_stats: dict[str, dict[str, Any]] = {}
+        self._identity: tuple[str, int] | None = None  # (stream ARN, creation epoch ms)
+        self._identity_known = False
+        self._foreign: set[str] = set()  # shards whose row of another incarnation was reported
         self.counters = {"leases_taken": 0, "leases_lost": 0, "readers_replaced": 0, "shards_ended": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -212,9 +221,38 @@ class CoordinatorCore:
 
     # ------------------------------------------------------------------ steps
     async def sync_shards(self) -> None:
-        """``ListShards`` (every ``shard_sync_interval_s``)."""
+        """``ListShards`` (every ``shard_sync_interval_s``); ``DescribeStreamSummary`` once,
+        for the stream's identity."""
+        if not self._identity_known:
+            self._identity = await asyncio.to_thread(self._describe_identity)
+            self._identity_known = True
         shards = await asyncio.to_thread(list_shards, self._kinesis, self.stream.name)
         self._shards = {s.shard_id: s for s in shards}
+
+    def _describe_identity(self) -> tuple[str, int] | None:
+        summary = describe_stream(self._kinesis, self.stream.name)
+        arn, created = summary.get("StreamARN"), summary.get("StreamCreationTimestamp")
+        if not arn or created is None:
+            return None
+        seconds = created.timestamp() if hasattr(created, "timestamp") else float(created)
+        return (arn, int(round(seconds * 1000)))
+
+    def _this_incarnation(self, rows: dict[str, Lease]) -> dict[str, Lease]:
+        """The rows without those of another incarnation of the stream (as if absent)."""
+        if self._identity is None:
+            return rows
+        current: dict[str, Lease] = {}
+        for shard_id, row in rows.items():
+            identity = row.stream_identity
+            if identity is not None and identity != self._identity:
+                if shard_id not in self._foreign:
+                    self._foreign.add(shard_id)
+                    log.warning("shard %s: the lease row belongs to another incarnation of stream %s (%s); its"
+                                " checkpoint %r is not applied, the shard opens at start_at",
+                                shard_id, self.stream.name, identity, row.checkpoint)
+                continue
+            current[shard_id] = row
+        return current
 
     def _parents_done(self, shard: ShardInfo, rows: dict[str, Lease]) -> bool:
         for parent in shard.parent_shard_ids:
@@ -228,6 +266,7 @@ class CoordinatorCore:
     async def poll_leases(self) -> None:
         """Read the lease table; take free, expired and own leases of readable shards; start readers."""
         rows = {lease.shard_id: lease for lease in await asyncio.to_thread(self.store.list, self.stream.name)}
+        rows = self._this_incarnation(rows)
         self._finished |= {sid for sid, row in rows.items() if row.finished}
         taken: list[tuple[ShardInfo, Lease]] = []
         for shard_id in sorted(self._shards):
@@ -244,7 +283,8 @@ class CoordinatorCore:
             if row is not None and row.owner not in (None, self.owner_id) and not self.store.is_expired(row):
                 continue
             lease = await asyncio.to_thread(self.store.take, self.stream.name, shard_id, owner=self.owner_id,
-                                            duration_s=self.lease_duration_s, parent_shard_ids=shard.parent_shard_ids)
+                                            duration_s=self.lease_duration_s, parent_shard_ids=shard.parent_shard_ids,
+                                            stream_identity=self._identity)
             if lease is None:
                 continue
             if lease.finished:
