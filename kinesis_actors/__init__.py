@@ -45,10 +45,11 @@ __all__ = [
     "LeaseStoreError",
     "SinkError",
     "read_kinesis",
+    "DatasetSink",
     "__version__",
 ]
 
-_LAZY = {"read_kinesis": ".data"}  # Ray Data is imported on first use, not by `import kinesis_actors`
+_LAZY = {"read_kinesis": ".data", "DatasetSink": ".dataset_sink"}  # Ray Data is imported on first use, not by `import kinesis_actors`
 
 
 def __getattr__(name: str) -> object:

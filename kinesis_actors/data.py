@@ -28,11 +28,12 @@ import logging
 import math
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
 
+from .arrow import RECORD_SCHEMA, records_to_table
 from .aws import AwsSettings
 from .config import validate_stream_name
 from .errors import InvalidError, aws_error_code, is_throttling, translate_aws_error
@@ -42,19 +43,6 @@ from .records import Record, StartAt, records_from_response, seq_key
 __all__ = ["read_kinesis", "KinesisDatasource", "RECORD_SCHEMA", "records_to_table", "ShardScan"]
 
 log = logging.getLogger(__name__)
-
-RECORD_SCHEMA = pa.schema(
-    [
-        pa.field("data", pa.binary(), nullable=False),
-        pa.field("partition_key", pa.string(), nullable=False),
-        pa.field("sequence_number", pa.string(), nullable=False),
-        pa.field("sub_sequence_number", pa.int64(), nullable=True),  # KPL user records only
-        pa.field("approximate_arrival_timestamp", pa.timestamp("ms", tz="UTC"), nullable=False),
-        pa.field("shard_id", pa.string(), nullable=False),
-        pa.field("stream", pa.string(), nullable=False),
-    ]
-)
-"""Columns of every block of :func:`read_kinesis` (and of the Dataset sink's windows)."""
 
 MIN_CALL_SPACING_S = 0.2
 """Shortest gap between two ``GetRecords`` on one shard (5 calls per second, the AWS limit)."""
@@ -67,22 +55,6 @@ _MAX_THROTTLE_RETRIES = 20
 # (passing them in the deprecated dict would warn).
 _NAMED_REMOTE_ARGS = ("num_cpus", "num_gpus", "memory", "label_selector", "fallback_strategy", "max_calls",
                       "resources", "accelerator_type", "runtime_env")
-
-
-def records_to_table(records: Sequence[Record]) -> pa.Table:
-    """Records as one Arrow table with :data:`RECORD_SCHEMA` (one pass per column)."""
-    return pa.Table.from_arrays(
-        [
-            pa.array([r.data for r in records], pa.binary()),
-            pa.array([r.partition_key for r in records], pa.string()),
-            pa.array([r.sequence_number for r in records], pa.string()),
-            pa.array([r.sub_sequence_number for r in records], pa.int64()),
-            pa.array([r.approximate_arrival_timestamp for r in records], pa.timestamp("ms", tz="UTC")),
-            pa.array([r.shard_id for r in records], pa.string()),
-            pa.array([r.stream for r in records], pa.string()),
-        ],
-        schema=RECORD_SCHEMA,
-    )
 
 
 def _epoch_s(what: str, value: object) -> float:
