@@ -44,6 +44,7 @@ from .config import KinesisStream
 from .errors import KinesisError, LeaseLostError
 from .kinesis import ShardInfo, describe_stream, list_shards
 from .leases.protocol import Lease, LeaseStore
+from .metrics import coordinator_tick
 from .reader import ReaderOutcome, ReaderSpec
 from .records import StartAt
 
@@ -267,6 +268,7 @@ class CoordinatorCore:
         """Read the lease table; take free, expired and own leases of readable shards; start readers."""
         rows = {lease.shard_id: lease for lease in await asyncio.to_thread(self.store.list, self.stream.name)}
         rows = self._this_incarnation(rows)
+        coordinator_tick(self)  # metrics: lease figures, once per poll
         self._finished |= {sid for sid, row in rows.items() if row.finished}
         taken: list[tuple[ShardInfo, Lease]] = []
         for shard_id in sorted(self._shards):

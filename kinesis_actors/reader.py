@@ -35,6 +35,7 @@ from typing import Any
 from .aws import AwsSettings
 from .errors import KinesisError, LeaseLostError, SinkError, StreamError, aws_error_code, is_throttling, translate_aws_error
 from .leases.protocol import SHARD_END, Lease, LeaseStore
+from .metrics import reader_tick
 from .records import Record, StartAt, records_from_response, seq_key
 
 __all__ = ["ReaderSpec", "ShardReaderCore", "ShardReader", "ReaderOutcome"]
@@ -291,6 +292,7 @@ class ShardReaderCore:
 
     def _alive(self) -> None:
         self._beat = self._clock()
+        reader_tick(self.spec, self.stats)  # metrics: per step, rate-limited, never per record
 
     async def _read_loop(self) -> str:
         spec = self.spec

@@ -1,0 +1,184 @@
+"""Metrics hooks without Ray: deltas, rate limit, checkpoint age, and that the reader and the
+Coordinator call them (a recording sink stands in for ray.util.metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kinesis_actors import StartAt, metrics
+from kinesis_actors.reader import ReaderSpec, ShardReaderCore
+from kinesis_actors.testing import InProcessLeaseStore
+
+STREAM, SHARD = "s", "shardId-000000000000"
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self.gauges: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self.calls = 0
+
+    def inc(self, name: str, value: float, tags: Any) -> None:
+        self.calls += 1
+        key = (name, tuple(sorted(tags.items())))
+        self.counters[key] = self.counters.get(key, 0) + value
+
+    def set(self, name: str, value: float, tags: Any) -> None:
+        self.calls += 1
+        self.gauges[(name, tuple(sorted(tags.items())))] = value
+
+    def counter(self, name: str, **tags: str) -> float:
+        return self.counters.get((name, tuple(sorted(tags.items()))), 0)
+
+    def gauge(self, name: str, **tags: str) -> float | None:
+        return self.gauges.get((name, tuple(sorted(tags.items()))))
+
+
+@pytest.fixture
+def sink() -> Iterator[RecordingSink]:
+    recorder = RecordingSink()
+    metrics.set_sink(recorder)
+    yield recorder
+    metrics.set_sink(None)
+
+
+SPEC = types.SimpleNamespace(stream=STREAM, shard_id=SHARD, owner_id="me")
+TAGS = {"stream": STREAM, "shard_id": SHARD, "owner_id": "me"}
+
+
+def test_reader_tick_exports_deltas_at_most_every_interval(sink: RecordingSink) -> None:
+    stats: dict[str, Any] = {"records": 10, "bytes": 100, "get_records_calls": 2, "throttles": 0,
+                             "millis_behind_latest": 1500, "checkpoint": "5"}
+    metrics.reader_tick(SPEC, stats, now=100.0)
+    assert sink.counter("records_delivered", **TAGS) == 10 and sink.counter("bytes_delivered", **TAGS) == 100
+    assert sink.gauge("millis_behind_latest", **TAGS) == 1500
+    stats.update(records=25, bytes=250, get_records_calls=3)
+    metrics.reader_tick(SPEC, stats, now=100.1)  # within EXPORT_INTERVAL_S: nothing exported
+    assert sink.counter("records_delivered", **TAGS) == 10
+    metrics.reader_tick(SPEC, stats, now=100.1 + metrics.EXPORT_INTERVAL_S)
+    assert sink.counter("records_delivered", **TAGS) == 25 and sink.counter("get_records_calls", **TAGS) == 3
+    calls = sink.calls
+    metrics.reader_tick(SPEC, stats, now=200.0)  # nothing changed: only the gauges are set again
+    assert sink.calls - calls == 2
+    assert sink.counter("throttles", **TAGS) == 0
+
+
+def test_checkpoint_age_is_noted_in_stats_and_exported(sink: RecordingSink) -> None:
+    stats: dict[str, Any] = {"records": 0, "checkpoint": None}
+    metrics.reader_tick(SPEC, stats, now=50.0)
+    assert stats["checkpoint_age_s"] == 0
+    metrics.reader_tick(SPEC, stats, now=53.0)
+    assert stats["checkpoint_age_s"] == 3.0 and sink.gauge("checkpoint_age_s", **TAGS) == 3.0
+    stats["checkpoint"] = "9"
+    metrics.reader_tick(SPEC, stats, now=54.0)
+    assert stats["checkpoint_age_s"] == 0
+    metrics.reader_tick(SPEC, stats, now=55.5)
+    assert stats["checkpoint_age_s"] == 1.5
+
+
+def test_restarted_figures_count_from_zero(sink: RecordingSink) -> None:
+    metrics.reader_tick(SPEC, {"records": 40}, now=1.0)
+    metrics.reader_tick(SPEC, {"records": 5}, now=2.0)  # a new reader for the shard in this process
+    assert sink.counter("records_delivered", **TAGS) == 45
+
+
+def test_coordinator_tick_exports_lease_figures(sink: RecordingSink) -> None:
+    core = types.SimpleNamespace(stream=types.SimpleNamespace(name=STREAM), owner_id="me",
+                                 counters={"leases_taken": 3, "leases_lost": 1, "readers_replaced": 0},
+                                 held=lambda: ["a", "b"])
+    metrics.coordinator_tick(core)
+    core.counters["leases_taken"] = 4
+    metrics.coordinator_tick(core)
+    tags = {"stream": STREAM, "owner_id": "me"}
+    assert sink.counter("leases_taken", **tags) == 4 and sink.counter("leases_lost", **tags) == 1
+    assert sink.gauge("leases_held", **tags) == 2
+
+
+def test_a_failing_sink_never_reaches_the_caller() -> None:
+    class Broken:
+        def inc(self, *a: Any) -> None:
+            raise RuntimeError("exporter down")
+
+        set = inc
+
+    metrics.set_sink(Broken())
+    try:
+        stats: dict[str, Any] = {"records": 1}
+        metrics.reader_tick(SPEC, stats, now=1.0)
+        assert "checkpoint_age_s" in stats
+    finally:
+        metrics.set_sink(None)
+
+
+def test_without_ray_nothing_is_exported_but_stats_get_the_age() -> None:
+    metrics.set_sink(None)
+    stats: dict[str, Any] = {"records": 1, "checkpoint": None}
+    metrics.reader_tick(types.SimpleNamespace(stream="x", shard_id="y", owner_id="z"), stats)
+    assert stats["checkpoint_age_s"] >= 0
+
+
+class OneShard:
+    def __init__(self, n: int) -> None:
+        now = dt.datetime.now(dt.timezone.utc)
+        self.records = [{"Data": f"r{i}".encode(), "PartitionKey": "k", "SequenceNumber": str(i),
+                         "ApproximateArrivalTimestamp": now} for i in range(1, n + 1)]
+
+    def get_shard_iterator(self, **kw: Any) -> dict[str, str]:
+        return {"ShardIterator": "0"}
+
+    def get_records(self, *, ShardIterator: str, Limit: int) -> dict[str, Any]:
+        pos = int(ShardIterator)
+        out = self.records[pos : pos + Limit]
+        return {"Records": out, "NextShardIterator": str(pos + len(out)), "MillisBehindLatest": 0}
+
+
+def test_the_reader_calls_the_hook_and_stats_carry_the_exported_figures(sink: RecordingSink) -> None:
+    store = InProcessLeaseStore()
+    lease = store.take(STREAM, SHARD, owner="me", duration_s=2.0)
+    spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=StartAt.trim_horizon(),
+                      lease_duration_s=2.0, renew_interval_s=0.2, max_records=7, idle_wait_s=0.01)
+    delivered: list[Any] = []
+
+    async def deliver(records: list[Any]) -> None:
+        delivered.extend(records)
+
+    reader = ShardReaderCore(spec, lease, store, deliver, OneShard(30))
+
+    async def main() -> None:
+        await reader.open()
+        task = asyncio.create_task(reader.run())
+        for _ in range(500):
+            if reader.stats["records"] == 30:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(metrics.EXPORT_INTERVAL_S + 0.3)  # at least one export after the last batch
+        await reader.stop()
+        await task
+
+    asyncio.run(main())
+    assert len(delivered) == 30
+    assert sink.counter("records_delivered", **TAGS) == reader.stats["records"] == 30
+    assert sink.counter("bytes_delivered", **TAGS) == reader.stats["bytes"]
+    # idle calls continue at the tip: the exported count trails by at most one export interval
+    assert 4 <= sink.counter("get_records_calls", **TAGS) <= reader.stats["get_records_calls"]
+    assert "checkpoint_age_s" in reader.stats
+
+
+def test_the_coordinator_calls_the_hook_on_each_lease_poll(sink: RecordingSink, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kinesis_actors.coordinator as coordinator
+
+    seen: list[Any] = []
+    monkeypatch.setattr(coordinator, "coordinator_tick", lambda core: seen.append(core))
+    from kinesis_actors.config import KinesisStream
+
+    core = coordinator.CoordinatorCore(KinesisStream(STREAM), aws=None, store=InProcessLeaseStore(), owner_id="me",  # type: ignore[arg-type]
+                                       lease_duration_s=2.0, renew_interval_s=0.5, launcher=None,  # type: ignore[arg-type]
+                                       kinesis=None)
+    asyncio.run(core.poll_leases())
+    assert seen == [core]
