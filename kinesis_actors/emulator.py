@@ -38,6 +38,11 @@ process that serves):
   arrival times instead of scanning.
 * ``Shard.records`` becomes a property: moto's ``split_shard`` replaces the dict
   wholesale, and the setter rebuilds the index.
+* **Non-atomic conditional writes.** moto's DynamoDB evaluates a ``ConditionExpression``
+  and then writes, with no lock: two racing conditional ``UpdateItem`` calls can both
+  succeed (seen in about 1 run in 10 with 8 racing lease takers), which real DynamoDB
+  never allows. Item reads and writes of the DynamoDB backend now run under one
+  DynamoDB lock (each call is well under a millisecond, and Kinesis never waits on it).
 
 The patch checks moto's internals before touching them (method signatures, that no
 other code in ``moto/kinesis/models.py`` writes into ``Shard.records``) and runs a
@@ -297,7 +302,36 @@ def _patch_moto() -> None:
     _check_moto_shape(models)
     _install_shard_patch(models)
     _self_test(models)
-    log.info("patched moto %s Kinesis Shard: per-shard lock, indexed sequence numbers", version)
+    _install_dynamodb_lock()
+    log.info("patched moto %s: Kinesis Shard (per-shard lock, indexed sequence numbers), "
+             "DynamoDB (atomic conditional writes)", version)
+
+
+_DYNAMODB_LOCKED = (
+    "get_item", "put_item", "update_item", "delete_item", "scan", "query", "batch_get_item",
+    "batch_write_item", "transact_get_items", "transact_write_items", "create_table", "delete_table",
+)
+
+
+def _install_dynamodb_lock() -> None:
+    """Make moto's DynamoDB condition-check-then-write atomic: one lock around item operations."""
+    from moto.dynamodb.models import DynamoDBBackend
+
+    missing = [name for name in _DYNAMODB_LOCKED if not callable(getattr(DynamoDBBackend, name, None))]
+    if missing:
+        raise MotoPatchError(f"moto's DynamoDBBackend lacks {missing}: the emulator patch needs updating")
+    lock = threading.RLock()
+
+    def locked(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return func(*args, **kwargs)
+
+        return wrapper
+
+    for name in _DYNAMODB_LOCKED:
+        setattr(DynamoDBBackend, name, locked(getattr(DynamoDBBackend, name)))
 
 
 # --------------------------------------------------------------------------- server

@@ -420,3 +420,40 @@ def test_patch_refuses_changed_moto_internals() -> None:
     with pytest.raises(MotoPatchError, match="put_record"):
         _check_moto_shape(fake)
     _check_moto_shape(models)  # the installed moto passes (this does not patch it)
+
+
+def test_dynamodb_conditional_writes_are_atomic(endpoint: str) -> None:
+    """Racing conditional UpdateItems on one item: exactly one wins, every round.
+
+    Stock moto checks the condition and writes without a lock; the lease-store race test
+    saw two winners in about 1 run in 10 there. This plain race reproduces it rarely
+    (0 of 90 rounds in one try), so it guards the lock rather than proving the bug.
+    """
+    import concurrent.futures
+    import uuid
+
+    import boto3
+    from botocore.exceptions import ClientError
+
+    ddb = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1",
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    table = f"race-{uuid.uuid4().hex[:8]}"
+    ddb.create_table(TableName=table, KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
+                     AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}], BillingMode="PAY_PER_REQUEST")
+    ddb.put_item(TableName=table, Item={"k": {"S": "row"}, "c": {"N": "0"}})
+
+    def take(counter: int, who: int) -> bool:
+        try:
+            ddb.update_item(TableName=table, Key={"k": {"S": "row"}}, UpdateExpression="SET c = :n, o = :o",
+                            ConditionExpression="c = :c",
+                            ExpressionAttributeValues={":n": {"N": str(counter + 1)}, ":c": {"N": str(counter)},
+                                                       ":o": {"S": str(who)}})
+            return True
+        except ClientError as e:
+            assert e.response["Error"]["Code"] == "ConditionalCheckFailedException"
+            return False
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for counter in range(30):
+            wins = sum(pool.map(lambda who: take(counter, who), range(8)))
+            assert wins == 1, f"round {counter}: {wins} conditional writes succeeded"
