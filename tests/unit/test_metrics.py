@@ -182,3 +182,27 @@ def test_the_coordinator_calls_the_hook_on_each_lease_poll(sink: RecordingSink, 
                                        kinesis=None)
     asyncio.run(core.poll_leases())
     assert seen == [core]
+
+
+def test_checkpoint_lag_from_a_lease_row() -> None:
+    arrived = dt.datetime.fromtimestamp(1_000.0, dt.timezone.utc)
+
+    class Kinesis:
+        def __init__(self, records: list[Any], behind: int) -> None:
+            self.records, self.behind, self.asked: list[Any] = records, behind, []
+
+        def get_shard_iterator(self, **kw: Any) -> dict[str, str]:
+            self.asked.append(kw)
+            return {"ShardIterator": "it"}
+
+        def get_records(self, **kw: Any) -> dict[str, Any]:
+            return {"Records": self.records, "MillisBehindLatest": self.behind}
+
+    behind = Kinesis([{"ApproximateArrivalTimestamp": arrived}], 0)
+    assert metrics.checkpoint_lag_ms(behind, "s", SHARD, "41", now_s=1_002.5) == 2500
+    assert behind.asked[0]["ShardIteratorType"] == "AFTER_SEQUENCE_NUMBER" and behind.asked[0]["StartingSequenceNumber"] == "41"
+    assert metrics.checkpoint_lag_ms(Kinesis([], 0), "s", SHARD, "41") == 0
+    fresh = Kinesis([], 700)
+    assert metrics.checkpoint_lag_ms(fresh, "s", SHARD, None) == 700
+    assert fresh.asked[0]["ShardIteratorType"] == "TRIM_HORIZON"
+    assert metrics.checkpoint_lag_ms(fresh, "s", SHARD, "SHARD_END") is None
