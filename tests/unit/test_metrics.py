@@ -189,7 +189,8 @@ def test_checkpoint_lag_from_a_lease_row() -> None:
 
     class Kinesis:
         def __init__(self, records: list[Any], behind: int) -> None:
-            self.records, self.behind, self.asked: list[Any] = records, behind, []
+            self.records, self.behind = records, behind
+            self.asked: list[Any] = []
 
         def get_shard_iterator(self, **kw: Any) -> dict[str, str]:
             self.asked.append(kw)
