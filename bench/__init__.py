@@ -1,0 +1,19 @@
+"""Benchmarks of kinesis_actors, side by side with the raw limit (issue 9).
+
+One command runs them all and writes ``bench/results.json``::
+
+    python -m bench            # default run (~10 min on 2 cores)
+    python -m bench --quick    # tiny input, for a smoke test (~2 min)
+    make bench                 # the same as `python -m bench` ($(BENCH_ARGS) passed on)
+
+Sections (``--only``/``--skip`` take their names): ``throughput`` (4 shards of 1 KB
+records from TRIM_HORIZON: the product into a counting actor vs raw boto3 single-process
+and thread-per-shard drains, plus the ``peer`` async-kinesis from its own virtualenv),
+``latency`` (50 rec/s for 30 s, publish -> sink), ``memory`` (USS per ShardReader at rest
+and under load, the Coordinator pass over 1,000 lease rows), ``failover`` (crash, close,
+process SIGKILL, reader kill), ``demo`` (``kinesis-actors demo`` wall time split).
+
+Every figure in ``results.json`` has ``name``, ``value``, ``unit``, ``anchor`` (what it is
+compared to), ``anchor_value``, ``ratio`` (value / anchor_value), ``goal`` and ``goal_met``.
+``python -m bench.report`` prints the Markdown table the README shows.
+"""

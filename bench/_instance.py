@@ -1,0 +1,59 @@
+"""One instance in a child process (the victim of the process-level failover run).
+
+``python -m bench._instance --address GCS ...`` joins the benchmark's Ray cluster as its
+own Ray job (its own driver, Coordinator, readers and sink), subscribes with a
+DynamoDB lease table shared with the survivor, prints ``READY <json shard ids>`` once
+it holds its leases, then waits to be SIGKILLed (Ray then kills the job's actors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+for _name, _value in (("RAY_AUTH_MODE", "disabled"), ("RAY_USAGE_STATS_ENABLED", "0"),
+                      ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")):
+    os.environ.setdefault(_name, _value)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    for name in ("--address", "--endpoint", "--table", "--stream", "--owner"):
+        ap.add_argument(name, required=True)
+    ap.add_argument("--max-leases", type=int, default=2)
+    ap.add_argument("--lease-duration", type=float, default=10.0)
+    ap.add_argument("--renew-interval", type=float, default=3.0)
+    ap.add_argument("--poll-interval", type=float, default=2.0)
+    a = ap.parse_args()
+
+    import ray
+
+    ray.init(address=a.address, configure_logging=False, log_to_driver=False)
+    from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream
+
+    from .actors import TimedSink
+
+    sink = TimedSink.remote()
+    conn = KinesisBroker(endpoint=a.endpoint, region="us-east-1", test_credentials=True,
+                         lease_store=DynamoLeaseStore(a.table, create_if_missing=True), owner_id=a.owner,
+                         lease_duration_s=a.lease_duration, renew_interval_s=a.renew_interval).connect()
+    sub = conn.subscribe(KinesisStream(a.stream, max_leases=a.max_leases, lease_poll_interval_s=a.poll_interval), sink=sink)
+    deadline = time.monotonic() + 30
+    held: list[str] = []
+    while time.monotonic() < deadline:
+        held = sorted(lease.shard_id for lease in sub.leases())
+        if len(held) >= a.max_leases:
+            break
+        time.sleep(0.1)
+    print("READY " + json.dumps(held), flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

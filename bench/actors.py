@@ -1,0 +1,88 @@
+"""Sink actors of the benchmarks (push mode: ``process_batch(records)``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import ray
+from ray import cloudpickle
+
+# Workers may not have bench/ on their path: ship these classes by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@ray.remote(num_cpus=0)
+class CountingSink:
+    """Counts records and bytes; logs (arrival time, records) per batch. Does nothing else."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.bytes = 0
+        self.log: list[tuple[float, int]] = []
+
+    def process_batch(self, records: list[Any]) -> None:
+        now = time.time()
+        self.n += len(records)
+        self.bytes += sum(len(r.data) for r in records)
+        self.log.append((now, len(records)))
+
+    def count(self) -> int:
+        return self.n
+
+    def summary(self) -> dict[str, Any]:
+        return {"n": self.n, "bytes": self.bytes, "log": list(self.log)}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+@ray.remote(num_cpus=0)
+class TimedSink:
+    """Records publish -> delivery latency of payloads ``T<epoch seconds>|...`` and, per
+    batch, (arrival time, shard id, records)."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.batches: list[tuple[float, str, int]] = []
+        self.n = 0
+
+    def process_batch(self, records: list[Any]) -> None:
+        now = time.time()
+        self.n += len(records)
+        self.batches.append((now, records[0].shard_id, len(records)))
+        for r in records:
+            data = r.data
+            if data[:1] == b"T":
+                try:
+                    self.latencies.append(now - float(data[1:data.index(b"|")]))
+                except ValueError:
+                    pass
+
+    def count(self) -> int:
+        return self.n
+
+    def latencies_since(self, t0: float) -> list[float]:
+        return list(self.latencies)
+
+    def first_after(self, t0: float, shards: list[str]) -> float | None:
+        """Arrival time of the first batch after ``t0`` from one of ``shards``, or None."""
+        times = [t for t, sid, _ in self.batches if t > t0 and sid in shards]
+        return min(times) if times else None
+
+    def shards_since(self, t0: float) -> list[str]:
+        return sorted({sid for t, sid, _ in self.batches if t > t0})
+
+    def reset(self) -> None:
+        self.latencies.clear()
+        self.batches.clear()
+
+
+@ray.remote(num_cpus=0)
+class Idle:
+    """An actor that does nothing: the USS anchor of a Ray worker."""
+
+    def pid(self) -> int:
+        return os.getpid()

@@ -1,0 +1,162 @@
+"""Section ``memory`` (issue 9, item 4): USS per ShardReader; the Coordinator pass at scale.
+
+* USS (unique set size, psutil) of each ``ray::ShardReader`` process of our Ray runtime:
+  at rest (4 readers at the tip of an idle stream for a few seconds) and under load (the
+  peak sampled every 0.5 s during the last product run of ``throughput``). Anchor: an
+  idle Ray actor that does nothing.
+* The steady-state Coordinator pass (``ListShards`` + one lease-table read, plus the
+  takes it decides on) over a stream of 1,000 shards whose 1,000 lease rows exist, with
+  readers capped by ``max_leases=4``: :class:`CoordinatorCore` runs in this process with
+  the real ``DynamoLeaseStore`` and Kinesis client against the emulator, and a launcher
+  whose readers are stubs (no actors). Calls are counted with a botocore
+  ``before-call`` event hook.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .common import REGION, Results, create_stream, median, ray_processes, uss_mib
+
+
+class _StubReader:
+    """A ReaderHandle that holds its slot and does nothing (no actor)."""
+
+    def __init__(self) -> None:
+        self._done = asyncio.Event()
+
+    async def open(self) -> None: ...
+    async def start(self) -> None: ...
+
+    async def join(self) -> str:
+        await self._done.wait()
+        return "closed"
+
+    async def stop(self, release: bool, grace_s: float) -> None:
+        self._done.set()
+
+    async def seek(self, position: Any) -> None: ...
+    async def stats(self) -> dict[str, Any]:
+        return {}
+
+    async def ping(self) -> None: ...
+    def kill(self) -> None:
+        self._done.set()
+
+
+def _uss(ctx: Any, res: Results) -> None:
+    import ray
+
+    from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream
+
+    from .actors import Idle, TimedSink
+
+    idle = Idle.remote()
+    pid = ray.get(idle.pid.remote())
+    stream = f"bench-mem-{uuid.uuid4().hex[:8]}"
+    create_stream(ctx.endpoint, stream, 4)
+    conn = KinesisBroker(endpoint=ctx.endpoint, region=REGION, test_credentials=True,
+                         lease_store=DynamoLeaseStore(f"bench-mem-{uuid.uuid4().hex[:8]}", create_if_missing=True)).connect()
+    sub = conn.subscribe(KinesisStream(stream), sink=TimedSink.remote())  # nothing is published: never called
+    time.sleep(ctx.params["rest_seconds"])
+    readers = ray_processes("ray::ShardReader", [ctx.emulator_pid])
+    coordinators = ray_processes("ray::Coordinator", [ctx.emulator_pid])
+    idle_proc = [p for p in ray_processes("ray::Idle", [ctx.emulator_pid]) if p.pid == pid]
+    reader_mem = [m for m in (uss_mib(p) for p in readers) if m]
+    coord_mem = [m for m in (uss_mib(p) for p in coordinators) if m]
+    idle_mem = uss_mib(idle_proc[0]) if idle_proc else None
+    sub.close()
+    conn.shutdown()
+    ray.kill(idle)
+    anchor = idle_mem[0] if idle_mem else None
+    res.add("memory", "idle_actor_uss_mib", anchor, "MiB", note="a Ray actor that does nothing (the floor of any actor)")
+    res.add("memory", "reader_uss_at_rest_mib", max((m[0] for m in reader_mem), default=None), "MiB",
+            anchor="idle_actor_uss_mib", anchor_value=anchor, goal="<= 60 MiB", check=lambda v: v <= 60,
+            note=f"max of {len(reader_mem)} ShardReaders at the tip of an idle stream after {ctx.params['rest_seconds']} s; "
+                 f"RSS {max((m[1] for m in reader_mem), default=0):.0f} MiB")
+    res.add("memory", "coordinator_uss_at_rest_mib", max((m[0] for m in coord_mem), default=None), "MiB",
+            anchor="idle_actor_uss_mib", anchor_value=anchor)
+    if getattr(ctx, "uss_under_load", None):
+        res.add("memory", "reader_uss_under_load_mib", max(ctx.uss_under_load), "MiB", anchor="idle_actor_uss_mib",
+                anchor_value=anchor, goal="<= 60 MiB", check=lambda v: v <= 60,
+                note="peak over the 4 ShardReaders, sampled every 0.5 s during the last product throughput run "
+                     "(GetRecords of up to 10,000 x 1 KB records)")
+    else:
+        res.add("memory", "reader_uss_under_load_mib", None, "MiB", note="needs the throughput section")
+
+
+def _coordinator_pass(ctx: Any, res: Results) -> None:
+    from kinesis_actors import DynamoLeaseStore, KinesisStream
+    from kinesis_actors.aws import AwsSettings
+    from kinesis_actors.coordinator import CoordinatorCore
+
+    rows = ctx.params["scale_rows"]
+    cap = 4
+    stream = f"bench-scale-{uuid.uuid4().hex[:8]}"
+    table = f"bench-scale-{uuid.uuid4().hex[:8]}"
+    t0 = time.perf_counter()
+    shards = create_stream(ctx.endpoint, stream, rows)
+    create_s = time.perf_counter() - t0
+    settings = AwsSettings(endpoint=ctx.endpoint, region=REGION, test_credentials=True)
+
+    def store() -> Any:
+        return DynamoLeaseStore(table, create_if_missing=True, endpoint=ctx.endpoint, region=REGION, test_credentials=True)
+
+    # Other instances hold every shard but the first `cap` (live: 1 h leases), so every row exists.
+    others = [store() for _ in range(8)]
+    others[0].list(stream)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: others[i % 8].take(stream, shards[i]["ShardId"], owner=f"other-{i % 50}", duration_s=3600.0),
+                      range(cap, rows)))
+    fill_s = time.perf_counter() - t0
+    ctx.log(f"scale: stream of {rows} shards in {create_s:.1f} s, {rows - cap} lease rows in {fill_s:.1f} s")
+
+    mine = store()
+    kinesis = settings.client("kinesis")
+    calls: dict[str, int] = {}
+
+    def count(event_name: str, **_: Any) -> None:
+        op = event_name.split(".", 2)[-1]
+        calls[op] = calls.get(op, 0) + 1
+
+    mine._client_now().meta.events.register("before-call.dynamodb", count)
+    kinesis.meta.events.register("before-call.kinesis", count)
+    core = CoordinatorCore(KinesisStream(stream, max_leases=cap), aws=settings, store=mine, owner_id="bench-coordinator",
+                           lease_duration_s=10.0, renew_interval_s=3.0, launcher=lambda spec, lease: _StubReader(),
+                           kinesis=kinesis)
+
+    async def passes() -> list[tuple[float, dict[str, int]]]:
+        out = []
+        for _ in range(ctx.params["scale_passes"] + 1):
+            calls.clear()
+            t = time.perf_counter()
+            await core.sync_shards()
+            await core.poll_leases()
+            out.append((time.perf_counter() - t, dict(calls)))
+        await core.close(release=False)
+        return out
+
+    results = asyncio.run(passes())
+    first, steady = results[0], results[1:]
+    held = cap
+    res.add("memory", "coordinator_first_pass_s", first[0], "s",
+            note=f"{rows} shards, {rows - cap} rows held by others, takes {held}: calls {first[1]}")
+    t_steady = median(t for t, _ in steady)
+    res.add("memory", "coordinator_pass_s", t_steady, "s", anchor="goal", anchor_value=1.0, goal="<= 1 s",
+            check=lambda v: v <= 1.0,
+            note=f"steady state, {rows} lease rows, max_leases={cap} (readers capped, stubbed); median of {len(steady)}; "
+                 f"calls per pass {steady[-1][1]}")
+    res.add("memory", "coordinator_pass_dynamodb_calls", sum(v for k, v in steady[-1][1].items() if k in ("Scan", "GetItem",
+            "PutItem", "UpdateItem", "DescribeTable")), "calls", note="DynamoDB calls of one steady pass (Scan pages)")
+    res.add("memory", "coordinator_pass_kinesis_calls", steady[-1][1].get("ListShards", 0), "calls",
+            note="ListShards pages of one steady pass")
+
+
+def run(ctx: Any, res: Results) -> None:
+    _uss(ctx, res)
+    _coordinator_pass(ctx, res)

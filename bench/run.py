@@ -1,0 +1,173 @@
+"""``python -m bench``: run the benchmarks, print the table, write ``bench/results.json``."""
+
+from __future__ import annotations
+
+import os
+
+# Ray 2.60 trip-wires (shared/ENVIRONMENT.md), before Ray is imported.
+for _name, _value in (("RAY_AUTH_MODE", "disabled"), ("RAY_USAGE_STATS_ENABLED", "0"),
+                      ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")):
+    os.environ.setdefault(_name, _value)
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from typing import Any  # noqa: E402
+
+from .common import Results  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SECTIONS = ("throughput", "peer", "latency", "memory", "failover", "demo")
+PEER_PACKAGE = "async-kinesis==3.0.1"
+
+DEFAULT = {
+    "tp_records_per_shard": 20_000, "tp_record_bytes": 1024, "tp_reps": 3,
+    "lat_rate": 50, "lat_seconds": 30.0,
+    "rest_seconds": 5.0, "scale_rows": 1000, "scale_passes": 5,
+    "reader_kills": 3,
+    "demo_args": ["--month", "1"], "demo_timeout_s": 900,
+}
+QUICK = {
+    "tp_records_per_shard": 500, "tp_record_bytes": 1024, "tp_reps": 1,
+    "lat_rate": 50, "lat_seconds": 4.0,
+    "rest_seconds": 2.0, "scale_rows": 40, "scale_passes": 2,
+    "reader_kills": 1,
+    "demo_args": ["--day", "2013-01-01"], "demo_timeout_s": 300,
+}
+DEFAULT_TIMINGS = {"lease_duration_s": 10.0, "renew_interval_s": 3.0, "lease_poll_interval_s": 2.0}
+QUICK_TIMINGS = {"lease_duration_s": 2.0, "renew_interval_s": 0.5, "lease_poll_interval_s": 0.5}
+
+
+@dataclasses.dataclass
+class Ctx:
+    quick: bool
+    full_year: bool
+    sections: tuple[str, ...]
+    params: dict[str, Any]
+    timings: dict[str, float]
+    timeout_s: float
+    endpoint: str = ""
+    emulator_pid: int = 0
+    peer_python: str | None = None
+    peer_error: str | None = None
+    children: list[Any] = dataclasses.field(default_factory=list)
+    uss_under_load: list[float] = dataclasses.field(default_factory=list)
+    uss_under_load_all: dict[int, float] = dataclasses.field(default_factory=dict)
+    t0: float = dataclasses.field(default_factory=time.monotonic)
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.monotonic() - self.t0:6.1f} s] {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_peer(ctx: Ctx, venv: str) -> None:
+    """The peer's own virtualenv (created if missing): ctx.peer_python, or ctx.peer_error."""
+    py = os.path.join(venv, "bin", "python")
+    probe = [py, "-c", "import kinesis, importlib.metadata as m; print(m.version('async-kinesis'))"]
+    try:
+        if os.path.exists(py) and subprocess.run(probe, capture_output=True, text=True, timeout=60).returncode == 0:
+            ctx.peer_python = py
+            return
+        ctx.log(f"creating the peer's virtualenv {venv} ({PEER_PACKAGE}) ...")
+        subprocess.run([sys.executable, "-m", "venv", "--clear", venv], check=True, capture_output=True, timeout=300)
+        pip = subprocess.run([py, "-m", "pip", "install", "-q", PEER_PACKAGE], capture_output=True, text=True, timeout=900)
+        if pip.returncode != 0:
+            ctx.peer_error = f"pip install {PEER_PACKAGE} failed: {pip.stderr.strip().splitlines()[-1:]}"
+            return
+        check = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+        if check.returncode != 0:
+            ctx.peer_error = f"{PEER_PACKAGE} installed but does not import: {check.stderr.strip()[-300:]}"
+            return
+        ctx.peer_python = py
+    except Exception as e:  # noqa: BLE001 - recorded in results.json
+        ctx.peer_error = f"could not set up {venv}: {e!r:.300}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="tiny input and short lease timings (a smoke test, ~2 min)")
+    ap.add_argument("--full-year", action="store_true", help="also run the demo on the whole year (336776 flights)")
+    ap.add_argument("--only", default="", help=f"comma-separated sections to run ({','.join(SECTIONS)})")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip")
+    ap.add_argument("--out", default=os.path.join(HERE, "results.json"), help="where to write the JSON [bench/results.json]")
+    ap.add_argument("--peer-venv", default=os.path.join(HERE, ".venv-peer"), help="the peer's virtualenv [bench/.venv-peer]")
+    a = ap.parse_args(argv)
+    only = [s for s in a.only.split(",") if s]
+    skip = [s for s in a.skip.split(",") if s]
+    for s in only + skip:
+        if s not in SECTIONS:
+            ap.error(f"unknown section {s!r}; sections: {', '.join(SECTIONS)}")
+    sections = tuple(s for s in SECTIONS if (not only or s in only) and s not in skip)
+    if "peer" in sections and "throughput" not in sections:
+        sections = ("throughput", *sections)  # the peer reads the throughput stream
+    params = dict(QUICK if a.quick else DEFAULT)
+    timings = dict(QUICK_TIMINGS if a.quick else DEFAULT_TIMINGS)
+    ctx = Ctx(quick=a.quick, full_year=a.full_year, sections=sections, params=params, timings=timings,
+              timeout_s=120.0 if a.quick else 300.0)
+    res = Results("quick" if a.quick else "default", {**params, **timings, "sections": list(sections)})
+    if "peer" in sections:
+        ensure_peer(ctx, a.peer_venv)
+        if ctx.peer_error:
+            res.note(f"peer not run: {ctx.peer_error}")
+            ctx.log(ctx.peer_error)
+
+    def section(name: str, fn: Any) -> None:
+        load = os.getloadavg()
+        ctx.log(f"== {name} (load average {load[0]:.1f})")
+        res.load[name] = round(load[0], 2)
+        t = time.monotonic()
+        try:
+            fn(ctx, res)
+        except Exception as e:  # noqa: BLE001 - one broken section does not hide the others
+            res.errors[name] = f"{type(e).__name__}: {e}"[:1000]
+            ctx.log(f"{name} FAILED: {e!r}")
+            traceback.print_exc()
+        res.timings[name] = time.monotonic() - t
+        res.write(a.out)  # partial results survive a crash later on
+
+    needs_ray = [s for s in sections if s in ("throughput", "latency", "memory", "failover")]
+    if needs_ray:
+        import ray
+
+        from kinesis_actors.emulator import Emulator
+
+        from . import failover, latency, memory, throughput
+
+        t = time.monotonic()
+        with Emulator() as emu:
+            ctx.endpoint, ctx.emulator_pid = emu.endpoint, emu.pid
+            for attempt in (1, 2, 3):  # a loaded 2-core machine sometimes times Ray's start out
+                try:
+                    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False,
+                             log_to_driver=False, _node_ip_address="127.0.0.1")
+                    break
+                except Exception as e:  # noqa: BLE001
+                    if attempt == 3:
+                        raise
+                    ctx.log(f"ray.init failed ({e!r:.120}); retrying")
+                    ray.shutdown()
+            ctx.log(f"emulator at {emu.endpoint} and Ray up in {time.monotonic() - t:.1f} s")
+            try:
+                for name, mod in (("throughput", throughput), ("latency", latency), ("memory", memory),
+                                  ("failover", failover)):
+                    if name in sections:
+                        section(name, mod.run)
+            finally:
+                for child in ctx.children:
+                    if child.poll() is None:
+                        child.kill()
+                ray.shutdown()
+    if "demo" in sections:
+        from . import demo
+
+        section("demo", demo.run)
+    res.write(a.out)
+    print(res.table())
+    for n in res.notes:
+        print(f"note: {n}")
+    for name, err in res.errors.items():
+        print(f"error in {name}: {err}")
+    print(f"wrote {a.out}")
+    return 1 if any(k != "peer" for k in res.errors) else 0

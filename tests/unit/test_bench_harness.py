@@ -1,0 +1,49 @@
+"""Pure helpers of the benchmark harness: figures, rates, percentiles, the demo-output parser."""
+
+from __future__ import annotations
+
+import json
+
+from bench.common import Results, percentile, steady_rate
+from bench.demo import parse
+from bench.report import markdown
+
+
+def test_percentile_and_steady_rate() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([0.0, 10.0], 99) == 9.9
+    # 100 records in 4 deliveries over 2 s: the first delivery's records are not counted
+    assert steady_rate([(10.0, 25), (11.0, 25), (11.5, 25), (12.0, 25)]) == 37.5
+    assert steady_rate([(1.0, 5)]) is None
+
+
+def test_results_json_has_value_anchor_ratio(tmp_path) -> None:
+    res = Results("quick", {"x": 1})
+    res.add("s", "fast", 12.0, "rec/s", anchor="raw", anchor_value=10.0, goal=">= 1.2x", check=lambda v: v >= 12.0)
+    res.add("s", "missing", None, "s", note="not run")
+    path = tmp_path / "r.json"
+    res.write(str(path))
+    data = json.loads(path.read_text())
+    first, second = data["figures"]
+    assert first["ratio"] == 1.2 and first["goal_met"] is True and first["anchor"] == "raw"
+    assert second["value"] is None and second["ratio"] is None and second["goal_met"] is None
+    assert "fast" in res.table() and "| s | fast | 12.0 |" in markdown(data)
+
+
+def test_demo_output_parser() -> None:
+    stderr = "\n".join([
+        "[   0.1 s] starting the embedded emulator ...",
+        "[   2.0 s] created stream flights (4 shards) in the embedded emulator",
+        "[   5.5 s] Ray is up",
+        "[   9.0 s] every shard has an owner; publishing",
+        "[  20.0 s] all 27004 events delivered",
+        "[  21.0 s] closing the subscriptions (checkpoint, release)",
+        "[  22.5 s] closed",
+    ])
+    stdout = ("  publish  27004 events, 10.26 MB in 8.10 s: 3334 events/s, 1.27 MB/s\n"
+              "  consume  27004 records, 10.26 MB in 11.00 s (first put to last new event): 2455 events/s\n")
+    p = parse(stdout, stderr)
+    assert p["at_emulator"] == 0.1 and p["at_stream"] == 2.0 and p["at_ray"] == 5.5 and p["at_owners"] == 9.0
+    assert p["at_delivered"] == 20.0 and p["at_closing"] == 21.0 and p["at_closed"] == 22.5
+    assert p["events"] == 27004 and p["publish_s"] == 8.1 and p["consume_s"] == 11.0
