@@ -6,7 +6,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: install demo test test-fast test-integration clean
+.PHONY: install demo test test-fast test-integration bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ test-integration: install
 
 test: install
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+bench: install  # benchmarks -> table + bench/results.json (BENCH_ARGS=--quick for a tiny run)
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
