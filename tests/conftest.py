@@ -42,6 +42,29 @@ def endpoint(emulator: object) -> str:
     return emulator.endpoint  # type: ignore[attr-defined]
 
 
+@pytest.fixture(scope="session")
+def kinesalite() -> Iterator[str]:
+    """Endpoint URL of kinesalite (npm; tests/kinesalite) on 127.0.0.1, one per session.
+
+    Kinesis only: lease tables stay on the ``endpoint`` fixture's DynamoDB (moto).
+    Skipped when node or the package is missing, except under ``CI`` or
+    ``KINESALITE_REQUIRED=1`` (``make test-kinesalite``), where that fails the test.
+    """
+    from tests.kinesalite.launcher import Kinesalite, KinesaliteUnavailable
+
+    try:
+        server = Kinesalite.start()
+    except KinesaliteUnavailable as e:
+        if os.environ.get("CI") or os.environ.get("KINESALITE_REQUIRED") == "1":
+            pytest.fail(f"kinesalite is required here: {e}")
+        pytest.skip(f"kinesalite unavailable ({e}); `make test-kinesalite` installs it")
+    yield server.endpoint
+    report = server.exit_report()  # a server that died mid-session says why
+    server.stop()
+    if report:
+        pytest.fail(report)
+
+
 @pytest.fixture
 def unique() -> str:
     """A unique lower-case suffix for stream and table names."""
