@@ -6,7 +6,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: install demo test test-fast test-integration bench clean
+.PHONY: install demo test test-fast test-integration test-kinesalite bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,15 @@ test-fast: install
 	$(BIN)/python -m pytest tests/unit tests/contract $(PYTEST_ARGS)
 
 test-integration: install
-	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/integration -m "not kinesalite" $(PYTEST_ARGS)
+
+KINESALITE := tests/kinesalite
+$(KINESALITE)/node_modules/.installed: $(KINESALITE)/package-lock.json
+	cd $(KINESALITE) && npm ci --omit=optional --no-audit --no-fund
+	touch $@
+
+test-kinesalite: install $(KINESALITE)/node_modules/.installed  # resharding etc. on kinesalite (npm); fails if it cannot start
+	KINESALITE_REQUIRED=1 $(BIN)/python -m pytest tests/integration -m kinesalite $(PYTEST_ARGS)
 
 test: install
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
