@@ -6,7 +6,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: install demo test test-fast test-integration test-kinesalite bench clean
+.PHONY: install demo test test-fast test-integration test-kinesalite test-notebooks bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ $(KINESALITE)/node_modules/.installed: $(KINESALITE)/package-lock.json
 
 test-kinesalite: install $(KINESALITE)/node_modules/.installed  # resharding etc. on kinesalite (npm); fails if it cannot start
 	KINESALITE_REQUIRED=1 $(BIN)/python -m pytest tests/integration -m kinesalite $(PYTEST_ARGS)
+
+test-notebooks: install  # notebooks/ run top to bottom with nbclient (outputs stripped in the repo)
+	$(BIN)/python -m pytest tests/notebooks $(PYTEST_ARGS)
 
 test: install
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
