@@ -1,0 +1,379 @@
+"""Hostile service behaviour without Ray or network: the fault injector, stream identity on
+lease rows, the Coordinator's resharding rules, a stuck or throttled reader, control-plane
+throttling, KPL records that do not verify."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import pickle
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError, ReadTimeoutError
+
+from kinesis_actors.aws import AwsSettings
+from kinesis_actors.config import KinesisStream
+from kinesis_actors.coordinator import CoordinatorCore
+from kinesis_actors.errors import InvalidError, KinesisError
+from kinesis_actors.kinesis import list_shards
+from kinesis_actors.leases.protocol import SHARD_END
+from kinesis_actors.reader import ReaderOutcome, ReaderSpec, ShardReaderCore
+from kinesis_actors.records import KPL_MAGIC, StartAt, records_from_response
+from kinesis_actors.testing import Fault, FaultInjector, InProcessLeaseStore
+
+STREAM = "s"
+NOWHERE = "http://127.0.0.1:9"  # nothing listens: an injected fault never reaches the network
+
+
+def client_error(code: str, operation: str = "GetRecords") -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": 400}}, operation)
+
+
+# ----------------------------------------------------------------------------- fault injector
+def test_fault_injector_answers_chosen_operations_and_shards(tmp_path: Path) -> None:
+    faults = FaultInjector.create(tmp_path)
+    kinesis = AwsSettings(endpoint=NOWHERE, test_credentials=True, faults=faults).client("kinesis", max_attempts=0)
+    faults.set(Fault("GetShardIterator", error="LimitExceededException", shards=("shardId-1",)),
+               Fault("ListShards", error="InternalFailure", times=2))
+    with pytest.raises(ClientError) as e:
+        kinesis.get_shard_iterator(StreamName=STREAM, ShardId="shardId-1", ShardIteratorType="LATEST")
+    assert e.value.response["Error"]["Code"] == "LimitExceededException"
+    with pytest.raises(Exception) as other:  # another shard: passes through to the (absent) network
+        kinesis.get_shard_iterator(StreamName=STREAM, ShardId="shardId-2", ShardIteratorType="LATEST")
+    assert not isinstance(other.value, ClientError)
+    # `times` is shared by every copy of the injector (every process): two hits in all.
+    twin = pickle.loads(pickle.dumps(AwsSettings(endpoint=NOWHERE, test_credentials=True, faults=faults)))
+    clients = [kinesis, twin.client("kinesis", max_attempts=0)]
+    codes = []
+    for client in clients * 2:
+        try:
+            client.list_shards(StreamName=STREAM)
+        except ClientError as err:
+            codes.append((err.response["Error"]["Code"], err.response["ResponseMetadata"]["HTTPStatusCode"]))
+        except Exception:
+            codes.append(("passed through", None))
+    assert codes == [("InternalFailure", 500)] * 2 + [("passed through", None)] * 2
+    logged = [(c.operation, c.shard, c.fault) for c in faults.calls()]
+    assert logged[:2] == [("GetShardIterator", "shardId-1", "LimitExceededException"),
+                          ("GetShardIterator", "shardId-2", None)]
+
+
+def test_fault_injector_hang_and_botocore_retries(tmp_path: Path) -> None:
+    faults = FaultInjector.create(tmp_path)
+    settings = AwsSettings(endpoint=NOWHERE, test_credentials=True, faults=faults)
+    faults.set(Fault("DescribeStreamSummary", hang=True))
+    started = time.monotonic()
+    with pytest.raises(ReadTimeoutError):
+        settings.client("kinesis", read_timeout_s=0.3, max_attempts=0).describe_stream_summary(StreamName=STREAM)
+    assert 0.3 <= time.monotonic() - started < 2.0
+    faults.set(Fault("ListShards", error="ProvisionedThroughputExceededException"))
+    with pytest.raises(ClientError):
+        settings.client("kinesis", max_attempts=2).list_shards(StreamName=STREAM)
+    assert len(faults.calls("ListShards")) == 3, "a throttle is retried by botocore like a real one"
+
+
+def test_clients_without_an_injector_carry_no_hook(tmp_path: Path) -> None:
+    plain = AwsSettings(endpoint=NOWHERE, test_credentials=True).client("kinesis")
+    hooked = AwsSettings(endpoint=NOWHERE, test_credentials=True, faults=FaultInjector.create(tmp_path)).client("kinesis")
+
+    def ours(client: Any) -> list[str]:
+        return [k for k in client.meta.events._emitter._unique_id_handlers if str(k).startswith("ka-faults")]
+
+    assert ours(plain) == [] and len(ours(hooked)) == 3
+    assert AwsSettings(faults=None) == AwsSettings(faults=FaultInjector.create(tmp_path / "x"))  # not part of equality
+
+
+# ----------------------------------------------------------------------------- stream identity on rows
+def test_a_row_of_another_stream_incarnation_is_restarted_by_take() -> None:
+    store = InProcessLeaseStore()
+    old, new = ("arn:aws:kinesis:us-east-1:0:stream/s", 1_000), ("arn:aws:kinesis:us-east-1:0:stream/s", 9_000)
+    lease = store.take(STREAM, "shardId-1", owner="a", duration_s=5, stream_identity=old, parent_shard_ids=("shardId-0",))
+    assert lease.stream_identity == old
+    lease = store.set_start_position(lease, "LATEST")
+    store.release(store.checkpoint(lease, "123", sub_sequence=3))
+    same = store.take(STREAM, "shardId-1", owner="b", duration_s=5, stream_identity=old)
+    assert (same.checkpoint, same.checkpoint_sub_sequence, same.start_position) == ("123", 3, "LATEST")
+    store.release(same)
+    again = store.take(STREAM, "shardId-1", owner="b", duration_s=5, stream_identity=new)
+    assert again.stream_identity == new
+    assert (again.checkpoint, again.checkpoint_sub_sequence, again.start_position, again.parent_shard_ids) == (None, None, None, ())
+    # a row written without an identity is stamped, its checkpoint kept
+    legacy = store.take(STREAM, "shardId-2", owner="a", duration_s=5)
+    store.release(store.checkpoint(legacy, "7"))
+    stamped = store.take(STREAM, "shardId-2", owner="a", duration_s=5, stream_identity=new)
+    assert stamped.checkpoint == "7" and stamped.stream_identity == new
+    with pytest.raises(InvalidError):
+        store.take(STREAM, "shardId-3", owner="a", duration_s=5, stream_identity=("arn", "not-ms"))  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- coordinator: resharding rules
+class FakeKinesis:
+    def __init__(self, shards: list[dict[str, Any]], created: dt.datetime) -> None:
+        self.shards, self.created = shards, created
+
+    def list_shards(self, **_: Any) -> dict[str, Any]:
+        return {"Shards": self.shards}
+
+    def describe_stream_summary(self, StreamName: str) -> dict[str, Any]:
+        return {"StreamDescriptionSummary": {"StreamName": StreamName, "StreamStatus": "ACTIVE",
+                                             "StreamARN": f"arn:aws:kinesis:us-east-1:0:stream/{StreamName}",
+                                             "StreamCreationTimestamp": self.created}}
+
+
+def shard(shard_id: str, *parents: str, closed: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {"ShardId": shard_id, "SequenceNumberRange": {"StartingSequenceNumber": "1"}}
+    if closed:
+        out["SequenceNumberRange"]["EndingSequenceNumber"] = "100"
+    if parents:
+        out["ParentShardId"] = parents[0]
+    if len(parents) > 1:
+        out["AdjacentParentShardId"] = parents[1]
+    return out
+
+
+class FakeReader:
+    """A ReaderHandle that runs until told to end (no Ray)."""
+
+    def __init__(self, spec: ReaderSpec, lease: Any) -> None:
+        self.spec, self.lease = spec, lease
+        self.ended = asyncio.Event()
+        self.outcome = ReaderOutcome.CLOSED
+
+    async def open(self, *_: Any, **__: Any) -> None: ...
+    async def start(self) -> None: ...
+    async def ping(self) -> None: ...
+    async def seek(self, position: StartAt) -> None: ...
+    async def stats(self) -> dict[str, Any]:
+        return {}
+
+    async def join(self) -> str:
+        await self.ended.wait()
+        return self.outcome
+
+    async def stop(self, release: bool = True, grace_s: float = 5.0) -> None:
+        self.ended.set()
+
+    def kill(self) -> None:
+        self.ended.set()
+
+
+def coordinator(kinesis: FakeKinesis, store: InProcessLeaseStore, launched: dict[str, FakeReader]) -> CoordinatorCore:
+    def launch(spec: ReaderSpec, lease: Any) -> FakeReader:
+        launched[spec.shard_id] = FakeReader(spec, lease)
+        return launched[spec.shard_id]
+
+    return CoordinatorCore(KinesisStream(STREAM, start_at=StartAt.latest()), aws=AwsSettings(), store=store,
+                           owner_id="me", lease_duration_s=5.0, renew_interval_s=1.0, launcher=launch, kinesis=kinesis)
+
+
+def test_children_wait_for_every_listed_parent_and_open_at_trim_horizon() -> None:
+    created = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    kinesis = FakeKinesis([shard("P", closed=True), shard("Q", closed=True), shard("C", "P", "Q"),
+                           shard("T", "gone")], created)
+    store, launched = InProcessLeaseStore(), {}
+    orphan = store.take(STREAM, "old", owner="x", duration_s=5)  # a row ListShards no longer lists
+    store.release(store.checkpoint(orphan, "5"))
+
+    async def scenario() -> None:
+        core = coordinator(kinesis, store, launched)
+        await core.sync_shards()
+        await core.poll_leases()
+        # parents without rows are not finished: C waits; T's parent is not listed: T reads
+        assert sorted(launched) == ["P", "Q", "T"]
+        for parent in ("P", "Q"):  # P ends; Q not yet
+            if parent == "Q":
+                break
+            reader = launched[parent]
+            store.release(store.checkpoint(reader.lease, SHARD_END))
+            reader.outcome = ReaderOutcome.SHARD_END
+            reader.ended.set()
+        await asyncio.sleep(0.05)
+        await core.poll_leases()
+        assert "C" not in launched, "one parent of a merge is not enough"
+        reader = launched["Q"]
+        store.release(store.checkpoint(store.renew(reader.lease), SHARD_END))
+        reader.outcome = ReaderOutcome.SHARD_END
+        reader.ended.set()
+        await asyncio.sleep(0.05)
+        await core.poll_leases()
+        assert "C" in launched and launched["C"].spec.start_at == StartAt.trim_horizon(), "children at TRIM_HORIZON"
+        assert "old" not in launched, "a row of an unlisted shard never starts a reader"
+        row = store.get(STREAM, "C")
+        assert row.parent_shard_ids == ("P", "Q")
+        assert row.stream_identity == ("arn:aws:kinesis:us-east-1:0:stream/s", int(created.timestamp() * 1000))
+        await core.close()
+
+    asyncio.run(scenario())
+
+
+def test_rows_of_another_incarnation_finish_no_parent_and_are_restarted() -> None:
+    created = dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)
+    kinesis = FakeKinesis([shard("P", closed=True), shard("C", "P")], created)
+    store, launched = InProcessLeaseStore(), {}
+    before = ("arn:aws:kinesis:us-east-1:0:stream/s", 1_000)
+    for shard_id, checkpoint in (("P", SHARD_END), ("C", "4242")):
+        lease = store.take(STREAM, shard_id, owner="old", duration_s=5, stream_identity=before)
+        store.release(store.checkpoint(lease, checkpoint))
+
+    async def scenario() -> None:
+        core = coordinator(kinesis, store, launched)
+        await core.sync_shards()
+        await core.poll_leases()
+        assert sorted(launched) == ["P"], "the old SHARD_END finishes nothing; C waits for the new P"
+        row = store.get(STREAM, "P")
+        assert row.checkpoint is None and row.stream_identity[1] == int(created.timestamp() * 1000)
+        await core.close()
+
+    asyncio.run(scenario())
+
+
+# ----------------------------------------------------------------------------- reader: stuck, throttled
+class ScriptedShard:
+    """A fake Kinesis shard: GetRecords answers from a script (errors, blocking), else empty."""
+
+    def __init__(self) -> None:
+        self.script: list[Any] = []
+        self.iterator_requests: list[dict[str, Any]] = []
+        self.calls: list[float] = []
+        self.release = threading.Event()
+
+    def get_shard_iterator(self, **kwargs: Any) -> dict[str, str]:
+        self.iterator_requests.append(kwargs)
+        if self.script and isinstance(self.script[0], tuple) and self.script[0][0] == "GetShardIterator":
+            raise client_error(self.script.pop(0)[1], "GetShardIterator")
+        return {"ShardIterator": "it"}
+
+    def get_records(self, **_: Any) -> dict[str, Any]:
+        self.calls.append(time.monotonic())
+        step = self.script.pop(0) if self.script and not isinstance(self.script[0], tuple) else None
+        if step == "hang":
+            self.release.wait(30)  # a call stuck whatever the client's timeout says
+        elif isinstance(step, str):
+            raise client_error(step)
+        return {"Records": [], "NextShardIterator": "it", "MillisBehindLatest": 0}
+
+
+def reader(fake: ScriptedShard, store: InProcessLeaseStore, *, lease_s: float, renew_s: float,
+           start_at: StartAt | None = None) -> ShardReaderCore:
+    lease = store.take(STREAM, "shardId-0", owner="me", duration_s=lease_s)
+    spec = ReaderSpec(stream=STREAM, shard_id="shardId-0", owner_id="me", start_at=start_at or StartAt.trim_horizon(),
+                      lease_duration_s=lease_s, renew_interval_s=renew_s, idle_wait_s=0.01)
+
+    async def deliver(records: list[Any]) -> None: ...
+
+    return ShardReaderCore(spec, lease, store, deliver, fake)
+
+
+def test_a_stuck_get_records_stops_renewing_and_the_reader_gives_the_lease_up() -> None:
+    fake, store = ScriptedShard(), InProcessLeaseStore()
+    core = reader(fake, store, lease_s=0.6, renew_s=0.1)
+    fake.script = [None, "hang"]
+
+    async def scenario() -> tuple[str, float]:
+        await core.open()
+        started = time.monotonic()
+        try:
+            outcome = await asyncio.wait_for(core.run(), 10)
+        finally:
+            fake.release.set()  # let the stuck worker thread go (the actor would simply be killed)
+        return outcome, time.monotonic() - started
+
+    outcome, took = asyncio.run(scenario())
+    assert outcome == ReaderOutcome.LOST
+    assert took < 3.0, "gave up within about one lease duration"
+    row = store.get(STREAM, "shardId-0")
+    assert row.owner == "me" and row.counter == core.lease.counter, "nothing written after it went silent"
+
+
+def test_long_throttling_backoff_keeps_the_lease() -> None:
+    fake, store = ScriptedShard(), InProcessLeaseStore()
+    core = reader(fake, store, lease_s=0.5, renew_s=0.1)
+    fake.script = ["ProvisionedThroughputExceededException"] * 4  # waits ~0.3 + 0.6 + 1.2 + 2.4 s, > the lease
+
+    async def scenario() -> None:
+        await core.open()
+        task = asyncio.create_task(core.run())
+        while len(fake.calls) < 6 and not task.done():
+            await asyncio.sleep(0.02)
+        assert not task.done(), f"the reader stopped: {task.result()}"
+        await core.stop()
+        assert await task == ReaderOutcome.CLOSED
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+    gaps = [b - a for a, b in zip(fake.calls, fake.calls[1:])]
+    assert gaps[1] >= 0.2 and gaps[4] < gaps[3], "backoff grew, then reset after a success"
+    assert core.stats["throttles"] == 4 and store.get(STREAM, "shardId-0").owner is None  # released at stop
+
+
+def test_throttled_get_shard_iterator_is_retried_not_fatal() -> None:
+    fake, store = ScriptedShard(), InProcessLeaseStore()
+    core = reader(fake, store, lease_s=2.0, renew_s=0.5)
+    core._backoff = lambda attempt: 0.01  # type: ignore[method-assign]
+    fake.script = [("GetShardIterator", "LimitExceededException")] * 12
+    asyncio.run(core.open())
+    assert len(fake.iterator_requests) == 13 and core.stats["throttles"] == 12
+
+
+def test_expired_iterator_before_any_ack_after_latest_reopens_at_the_recorded_timestamp() -> None:
+    fake, store = ScriptedShard(), InProcessLeaseStore()
+    core = reader(fake, store, lease_s=2.0, renew_s=0.5, start_at=StartAt.latest())
+    fake.script = ["ExpiredIteratorException"]
+
+    async def scenario() -> None:
+        await core.open()
+        task = asyncio.create_task(core.run())
+        while len(fake.iterator_requests) < 2:
+            await asyncio.sleep(0.01)
+        await core.stop()
+        await task
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+    recorded = StartAt.parse(store.get(STREAM, "shardId-0").start_position)
+    assert fake.iterator_requests[0]["ShardIteratorType"] == "LATEST"
+    assert fake.iterator_requests[1] == {"StreamName": STREAM, "ShardId": "shardId-0", **recorded.iterator_args()}
+
+
+@pytest.mark.parametrize("lease_s", [0.3, 1.0, 2.0, 10.0, 60.0])
+def test_every_call_times_out_within_the_lease(lease_s: float) -> None:
+    spec = ReaderSpec(stream=STREAM, shard_id="shardId-0", owner_id="me", start_at=StartAt.latest(),
+                      lease_duration_s=lease_s, renew_interval_s=lease_s / 4)
+    assert 0 < spec.call_timeout_s < lease_s and spec.call_timeout_s <= 10.0
+
+
+# ----------------------------------------------------------------------------- control plane, KPL
+def test_limit_exceeded_on_list_shards_is_retried_within_the_deadline() -> None:
+    class Throttled:
+        def __init__(self, failures: int) -> None:
+            self.failures, self.calls = failures, 0
+
+        def list_shards(self, **_: Any) -> dict[str, Any]:
+            self.calls += 1
+            if self.calls <= self.failures:
+                raise client_error("LimitExceededException", "ListShards")
+            return {"Shards": [shard("shardId-0")]}
+
+    client = Throttled(3)
+    assert [s.shard_id for s in list_shards(client, STREAM, deadline_s=10)] == ["shardId-0"] and client.calls == 4
+    started = time.monotonic()
+    with pytest.raises(KinesisError) as e:
+        list_shards(Throttled(10_000), STREAM, deadline_s=0.5)
+    assert e.value.retriable and e.value.aws_code == "LimitExceededException"
+    assert time.monotonic() - started < 2.0
+
+
+def test_kpl_magic_with_a_bad_checksum_or_body_is_one_plain_record() -> None:
+    body = b"\x0a\x03pk0\x1a\x06\x08\x00\x1a\x02hi"  # partition key table + one user record
+    good = KPL_MAGIC + body + hashlib.md5(body).digest()
+    bad_digest = good[:-1] + bytes([good[-1] ^ 1])
+    garbage = KPL_MAGIC + b"\xff\xff\xff" + hashlib.md5(b"\xff\xff\xff").digest()
+    arrival = dt.datetime.now(dt.timezone.utc)
+    raw = [{"Data": d, "PartitionKey": "p", "SequenceNumber": str(i), "ApproximateArrivalTimestamp": arrival}
+           for i, d in enumerate((good, bad_digest, garbage), start=1)]
+    records = records_from_response(raw, shard_id="shardId-0", stream=STREAM)
+    assert [(r.sequence_number, r.sub_sequence_number, r.data, r.partition_key) for r in records] == [
+        ("1", 0, b"hi", "pk0"), ("2", None, bad_digest, "p"), ("3", None, garbage, "p")]
