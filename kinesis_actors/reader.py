@@ -379,7 +379,8 @@ class ShardReaderCore:
             if is_throttling(e):
                 self.stats["throttles"] += 1
                 self._throttled = getattr(self, "_throttled", 0) + 1
-                self._next_call_at = self._clock() + self._backoff(self._throttled)
+                # never sooner than the 0.2 s spacing already due: <= 5 calls/s whatever the backoff
+                self._next_call_at = max(self._next_call_at, self._clock() + self._backoff(self._throttled))
                 return None
             err = translate_aws_error(e, operation="GetRecords", resource=f"{self.spec.stream}/{self.spec.shard_id}")
             if err.aws_code == "ResourceNotFoundException":
