@@ -132,8 +132,10 @@ def plan_leases(
     live = set(live_instances) | {me}
     counts: dict[str, int] = {}
     for s in readable:
-        if s.shard_id in held_set or s.shard_id in take_set:
+        if s.shard_id in take_set:
             who: str | None = me
+        elif s.shard_id in held_set:
+            who = s.next_owner if s.next_owner and s.next_owner != me else me  # leaving us: a handoff
         elif s.expired or s.owner is None:
             who = None  # unowned (only when max_leases kept us from taking it)
         else:

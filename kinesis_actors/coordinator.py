@@ -15,6 +15,16 @@ Fault model:
 * A fatal error (``SinkError``, a deleted stream) is parked: the subscription reports it
   on the user's next call; the readers stop and release what they hold.
 
+Balancing (issue 6): the Coordinator heartbeats a presence row every ``renew_interval_s``
+(deleted on a clean close) and, at each lease poll, runs the pure planner of
+:mod:`kinesis_actors.balancing` over the table: it takes free, expired and own leases,
+and below ``ceil(readable shards / live instances)`` asks the most loaded instance for
+a graceful handoff (``lease_next_owner``). That instance's reader checkpoints the batch
+in flight and hands the row over (:meth:`ShardReaderCore._finish_stop`); the row is
+then ours and the next poll (or a quicker pending-handoff check) starts a reader after
+the checkpoint. A request not honoured within ``handoff_timeout_s`` is forced
+(``force_handoff``), like taking an expired lease.
+
 Resharding: a shard is readable only when every parent that ``ListShards`` still lists
 has checkpoint ``SHARD_END`` in the table (a missing parent row is not a finished
 parent); children open at ``TRIM_HORIZON``. A row whose shard is no longer listed
@@ -40,6 +50,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .aws import AwsSettings
+from .balancing import BalancePlan, ShardState, plan_leases
 from .config import KinesisStream
 from .errors import KinesisError, LeaseLostError
 from .kinesis import ShardInfo, describe_stream, list_shards
@@ -60,7 +71,7 @@ class ReaderHandle(Protocol):
     ``ReaderUnreachable`` when it may come back (Ray's ``ActorUnavailableError``).
     """
 
-    async def open(self) -> None: ...
+    async def open(self, lease: Lease | None = None) -> None: ...
     async def start(self) -> None: ...
     async def join(self) -> str: ...
     async def stop(self, release: bool, grace_s: float) -> None: ...
@@ -76,6 +87,10 @@ class ReaderGone(Exception):
 
 class ReaderUnreachable(Exception):
     """The reader cannot be reached now but may come back: retry."""
+
+
+class _HandedOver(Exception):
+    """A lease was handed over (to the owner id in the message) while its reader was starting."""
 
 
 Launcher = Callable[[ReaderSpec, Lease], ReaderHandle]
@@ -101,11 +116,15 @@ class CoordinatorCore:
         kinesis: a boto3 Kinesis client (for ``ListShards``).
         on_fatal: called with a fatal error (e.g. to fail the pull queue).
         call_timeout_s: timeout of every call to a reader, seconds.
+        handoff_timeout_s: how long a handoff request may stay unanswered before it is
+            forced, seconds (default 2 x ``lease_duration_s``).
+        clock: monotonic clock, seconds (handoff timing).
     """
 
     def __init__(self, stream: KinesisStream, *, aws: AwsSettings, store: LeaseStore, owner_id: str,
                  lease_duration_s: float, renew_interval_s: float, launcher: Launcher, kinesis: Any,
-                 on_fatal: Callable[[BaseException], Any] | None = None, call_timeout_s: float = 30.0) -> None:
+                 on_fatal: Callable[[BaseException], Any] | None = None, call_timeout_s: float = 30.0,
+                 handoff_timeout_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.stream = stream
         self.aws = aws
         self.store = store
@@ -118,6 +137,7 @@ class CoordinatorCore:
         self._call_timeout_s = call_timeout_s
         self._shards: dict[str, ShardInfo] = {}
         self._slots: dict[str, _Slot] = {}
+        self._starting: dict[str, asyncio.Task[Exception | None]] = {}  # readers being started by the control loop
         self._finished: set[str] = set()
         self._error: BaseException | None = None
         self._closing = False
@@ -128,7 +148,15 @@ class CoordinatorCore:
         self._identity: tuple[str, int] | None = None  # (stream ARN, creation epoch ms)
         self._identity_known = False
         self._foreign: set[str] = set()  # shards whose row of another incarnation was reported
-        self.counters = {"leases_taken": 0, "leases_lost": 0, "readers_replaced": 0, "shards_ended": 0}
+        self.counters = {"leases_taken": 0, "leases_lost": 0, "readers_replaced": 0, "shards_ended": 0,
+                         "handoffs_requested": 0, "handoffs_received": 0, "handoffs_forced": 0,
+                         "leases_handed_over": 0}
+        self._clock = clock
+        self._handoff_timeout_s = handoff_timeout_s if handoff_timeout_s is not None else 2 * lease_duration_s
+        self._handoffs: dict[str, tuple[str, float]] = {}  # shard id -> (holder asked, when)
+        self._last_steal = float("-inf")
+        self._presence_task: asyncio.Task[None] | None = None
+        self.last_plan: BalancePlan | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -137,6 +165,8 @@ class CoordinatorCore:
 
         Errors of the first pass are parked (reported by :meth:`error`), not raised.
         """
+        if callable(getattr(self.store, "heartbeat", None)):
+            self._presence_task = asyncio.create_task(self._presence_loop(), name=f"presence-{self.stream.name}")
         try:
             await self.sync_shards()
             await self.poll_leases()
@@ -169,22 +199,41 @@ class CoordinatorCore:
                     log.warning("%s: ListShards failed (%r); retrying next interval", cfg.name, e)
             next_poll = now + cfg.lease_poll_interval_s
             try:
-                await self.poll_leases()
+                await self.poll_leases(wait_readers=False)
             except Exception as e:
                 log.warning("%s: lease poll failed (%r); retrying next interval", cfg.name, e)
 
     async def close(self, *, release: bool = True, grace_s: float = 5.0) -> None:
         """Stop the loop and every reader; with ``release`` their leases are released after
-        checkpointing what was acknowledged (otherwise they expire)."""
+        checkpointing what was acknowledged (otherwise they expire), and the presence row
+        is deleted (otherwise it goes stale)."""
         self._closing = True
         self._wake.set()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [t for t in (self._task, self._presence_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._starting:  # let readers being started become slots, so they are stopped and released
+            await asyncio.wait(list(self._starting.values()), timeout=self._call_timeout_s)
         slots = list(self._slots.values())
         self._slots.clear()
         await asyncio.gather(*(self._stop_slot(s, release, grace_s) for s in slots), return_exceptions=True)
+        if release and self._presence_task is not None:
+            try:
+                await asyncio.to_thread(self.store.remove_presence, self.stream.name, self.owner_id)  # type: ignore[attr-defined]
+            except Exception as e:
+                log.info("%s: could not delete the presence row (%r); it will go stale", self.stream.name, e)
         self._closed.set()
+
+    async def _presence_loop(self) -> None:
+        """Heartbeat this instance's presence row every ``renew_interval_s`` (it lasts one lease duration)."""
+        while not self._closing:
+            try:
+                await asyncio.to_thread(self.store.heartbeat, self.stream.name, self.owner_id,  # type: ignore[attr-defined]
+                                        duration_s=self.lease_duration_s)
+            except Exception as e:
+                log.info("%s: presence heartbeat failed (%r); retrying", self.stream.name, e)
+            await asyncio.sleep(self.renew_interval_s)
 
     async def _stop_slot(self, slot: _Slot, release: bool, grace_s: float) -> None:
         if slot.watch is not None:
@@ -264,26 +313,32 @@ class CoordinatorCore:
                 return False
         return True
 
-    async def poll_leases(self) -> None:
-        """Read the lease table; take free, expired and own leases of readable shards; start readers."""
-        rows = {lease.shard_id: lease for lease in await asyncio.to_thread(self.store.list, self.stream.name)}
+    async def poll_leases(self, *, wait_readers: bool = True) -> None:
+        """Read the lease table; take free, expired and own leases of readable shards and start
+        readers; below the balancing target, ask the most loaded instance for handoffs.
+
+        ``wait_readers``: wait until the new readers hold their first iterator (the first
+        pass); the control loop starts them in the background instead, so a slow actor
+        start never delays the next poll (a handed-over row must be taken promptly).
+        """
+        rows, live = await asyncio.to_thread(self._read_table)
         rows = self._this_incarnation(rows)
         coordinator_tick(self)  # metrics: lease figures, once per poll
         self._finished |= {sid for sid, row in rows.items() if row.finished}
-        taken: list[tuple[ShardInfo, Lease]] = []
-        for shard_id in sorted(self._shards):
+        readable = [sid for sid in sorted(self._shards)
+                    if sid not in self._finished and self._parents_done(self._shards[sid], rows)]
+        now = self._clock()
+        may_steal = live is not None and now - self._last_steal >= 0.9 * self.stream.lease_poll_interval_s
+        plan = plan_leases(self.owner_id, [self._shard_state(sid, rows.get(sid)) for sid in readable],
+                           held=self._slots.keys() | self._starting.keys(), live_instances=live or (),
+                           max_leases=self.stream.max_leases,
+                           max_leases_to_steal=self.stream.max_leases_to_steal if may_steal else 0)
+        self.last_plan = plan
+        taken = await self._settle_handoffs(rows, now)
+        for shard_id in plan.take:
             if self._closing:
                 return
             shard = self._shards[shard_id]
-            if shard_id in self._slots or shard_id in self._finished:
-                continue
-            if not self._parents_done(shard, rows):
-                continue
-            if self.stream.max_leases is not None and len(self._slots) + len(taken) >= self.stream.max_leases:
-                break
-            row = rows.get(shard_id)
-            if row is not None and row.owner not in (None, self.owner_id) and not self.store.is_expired(row):
-                continue
             lease = await asyncio.to_thread(self.store.take, self.stream.name, shard_id, owner=self.owner_id,
                                             duration_s=self.lease_duration_s, parent_shard_ids=shard.parent_shard_ids,
                                             stream_identity=self._identity)
@@ -294,12 +349,87 @@ class CoordinatorCore:
                 await asyncio.to_thread(self.store.release, lease)
                 continue
             self.counters["leases_taken"] += 1
+            if self._handoffs.pop(shard_id, None) is not None:
+                self.counters["handoffs_received"] += 1
             taken.append((shard, lease))
+        if plan.steal:
+            self._last_steal = now
+        for shard_id, victim in plan.steal:
+            row = rows[shard_id]
+            if await asyncio.to_thread(self.store.request_handoff, self.stream.name, shard_id,  # type: ignore[attr-defined]
+                                       owner=self.owner_id, expect_counter=row.counter):
+                self._handoffs[shard_id] = (victim, now)
+                self.counters["handoffs_requested"] += 1
+                log.info("shard %s: asked %s for a handoff (target %d, live %s)", shard_id, victim, plan.target,
+                         ",".join(plan.live))
         # Readers start concurrently (Ray starts actors about two at a time on 2 cores).
-        results = await asyncio.gather(*(self._start_reader(s, lease) for s, lease in taken), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise errors[0]
+        starts = [self._begin_start(s, lease) for s, lease in taken]
+        if wait_readers:
+            errors = [e for e in await asyncio.gather(*starts) if e is not None]
+            if errors:
+                raise errors[0]
+
+    def _begin_start(self, shard: ShardInfo, lease: Lease) -> asyncio.Task[Exception | None]:
+        """Start a reader as a task (its error is its result); the shard counts as held meanwhile."""
+        shard_id = shard.shard_id
+
+        async def run() -> Exception | None:
+            try:
+                await self._start_reader(shard, lease)
+                return None
+            except Exception as e:
+                log.warning("shard %s: starting its reader failed (%r); the lease poll will retry", shard_id, e)
+                return e
+            finally:
+                self._starting.pop(shard_id, None)
+
+        task = asyncio.create_task(run(), name=f"start-{shard_id}")
+        self._starting[shard_id] = task
+        return task
+
+    def _read_table(self) -> tuple[dict[str, Lease], list[str] | None]:
+        """The stream's shard rows and the live instances (None: the store has no presence rows)."""
+        snapshot = getattr(self.store, "snapshot", None)
+        if callable(snapshot):
+            snap = snapshot(self.stream.name)
+            return {lease.shard_id: lease for lease in snap.leases}, [i.owner for i in snap.instances]
+        return {lease.shard_id: lease for lease in self.store.list(self.stream.name)}, None
+
+    def _shard_state(self, shard_id: str, row: Lease | None) -> ShardState:
+        if row is None:
+            return ShardState(shard_id)
+        expired = row.owner not in (None, self.owner_id) and self.store.is_expired(row)
+        return ShardState(shard_id, row.owner, row.next_owner, expired)
+
+    async def _settle_handoffs(self, rows: dict[str, Lease], now: float) -> list[tuple[ShardInfo, Lease]]:
+        """Follow our handoff requests: forget those the table no longer shows, force those
+        unanswered past ``handoff_timeout_s``. Returns forced leases (readers to start)."""
+        for shard_id, row in rows.items():  # requests we made before a restart
+            if row.next_owner == self.owner_id and row.owner not in (None, self.owner_id):
+                self._handoffs.setdefault(shard_id, (row.owner, now))
+        forced: list[tuple[ShardInfo, Lease]] = []
+        for shard_id, (victim, since) in list(self._handoffs.items()):
+            row = rows.get(shard_id)
+            if row is None or row.finished or shard_id in self._slots or shard_id in self._starting:
+                self._handoffs.pop(shard_id, None)
+                continue
+            if row.owner == self.owner_id:
+                continue  # handed over: the take below starts its reader
+            if row.next_owner != self.owner_id or row.owner is None:
+                self._handoffs.pop(shard_id, None)  # taken, released or asked by another since
+                continue
+            if now - since < self._handoff_timeout_s or shard_id not in self._shards:
+                continue
+            self._handoffs.pop(shard_id, None)
+            lease = await asyncio.to_thread(self.store.force_handoff, self.stream.name, shard_id,  # type: ignore[attr-defined]
+                                            owner=self.owner_id, duration_s=self.lease_duration_s)
+            if lease is not None:
+                self.counters["handoffs_forced"] += 1
+                self.counters["leases_taken"] += 1
+                log.warning("shard %s: %s did not hand over within %.1f s; lease taken", shard_id, victim,
+                            self._handoff_timeout_s)
+                forced.append((self._shards[shard_id], lease))
+        return forced
 
     async def _start_reader(self, shard: ShardInfo, lease: Lease) -> None:
         cfg = self.stream
@@ -313,18 +443,54 @@ class CoordinatorCore:
         )
         handle = self._launch(spec, lease)
         try:
-            await asyncio.wait_for(handle.open(), self._call_timeout_s)
+            lease = await asyncio.wait_for(self._keep_until_ready(handle, lease), self._call_timeout_s)
+            await asyncio.wait_for(handle.open(lease), self._call_timeout_s)
             await asyncio.wait_for(handle.start(), self._call_timeout_s)
         except Exception as e:
             handle.kill()
             if isinstance(e, LeaseLostError):
                 log.info("shard %s: lease lost while opening", shard.shard_id)
                 return
+            if isinstance(e, _HandedOver):
+                self.counters["leases_handed_over"] += 1
+                log.info("shard %s: handed over to %s before its reader started", shard.shard_id, e)
+                return
             raise
         slot = _Slot(shard, handle)
         self._slots[shard.shard_id] = slot
         slot.watch = asyncio.create_task(self._watch(slot), name=f"watch-{shard.shard_id}")
         log.info("shard %s: reader started (lease counter %d)", shard.shard_id, lease.counter)
+
+    async def _keep_until_ready(self, handle: ReaderHandle, lease: Lease) -> Lease:
+        """Renew ``lease`` every ``renew_interval_s`` until the reader's actor answers (starting
+        an actor can take longer than a short lease); returns the latest Lease for ``open``.
+
+        A handoff requested meanwhile is honoured at once (nothing was read yet): the row
+        goes to the asker and ``_HandedOver`` is raised.
+
+        Raises:
+            LeaseLostError: the lease was taken meanwhile. ReaderGone: the actor died.
+        """
+        ready = asyncio.ensure_future(handle.ping())
+        try:
+            while True:
+                done, _ = await asyncio.wait({ready}, timeout=self.renew_interval_s)
+                if done:
+                    ready.result()
+                    return lease
+                try:
+                    lease = await asyncio.to_thread(self.store.renew, lease)
+                except LeaseLostError:
+                    raise
+                except Exception as e:  # throttled or unreachable: the reader will find out
+                    log.info("shard %s: renewing while the reader starts failed (%r)", lease.shard_id, e)
+                    continue
+                if lease.next_owner and lease.next_owner != self.owner_id:
+                    await asyncio.to_thread(self.store.hand_over, lease)  # type: ignore[attr-defined]
+                    raise _HandedOver(lease.next_owner)
+        finally:
+            if not ready.done():
+                ready.cancel()
 
     async def _watch(self, slot: _Slot) -> None:
         """Await the reader's end; replace it at once if it died."""
@@ -359,6 +525,8 @@ class CoordinatorCore:
             self._wake.set()  # children may be readable now
         elif outcome == ReaderOutcome.LOST:
             self.counters["leases_lost"] += 1
+        elif outcome == ReaderOutcome.HANDED_OVER:
+            self.counters["leases_handed_over"] += 1
 
     async def _replace(self, shard: ShardInfo) -> None:
         try:
@@ -378,7 +546,10 @@ class CoordinatorCore:
             except Exception:
                 pass
         await asyncio.gather(*(one(s) for s in list(self._slots.values())))
+        plan = self.last_plan
         return {"owner_id": self.owner_id, "stream": self.stream.name, "leases_held": len(self._slots),
+                "target": plan.target if plan else None, "live_instances": list(plan.live) if plan else [],
+                "handoffs_pending": sorted(self._handoffs),
                 **self.counters, "shards": {k: v for k, v in self._last_stats.items()}}
 
     def held(self) -> list[str]:
@@ -412,8 +583,8 @@ class _RayReaderHandle:
             cause = e.cause if isinstance(e.cause, BaseException) else e
             raise cause from None
 
-    async def open(self) -> None:
-        await self._call("open")
+    async def open(self, lease: Lease | None = None) -> None:
+        await self._call("open", lease)
 
     async def start(self) -> None:
         await self._call("start")

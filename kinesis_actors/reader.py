@@ -13,6 +13,11 @@ Fault model (what is checkpointed, what is idempotent):
   flight is not acknowledged. Throttled or failing renewals are retried until the
   reader's own deadline (last successful write + lease duration - a margin), then the
   reader stops the same way.
+* Graceful handoff (lease balancing): when a write returns the lease with
+  ``lease_next_owner`` set (another instance asked for it), the loop stops at its next
+  step boundary: the batch in flight is delivered, acknowledged and checkpointed, records
+  fetched but not delivered are dropped, then one fenced ``hand_over`` write gives the
+  row to the asker, who resumes after that checkpoint (no duplicate).
 * ``GetRecords`` runs in a worker thread with a socket timeout shorter than the lease;
   ``ExpiredIteratorException`` gets a new iterator after the last acknowledged record;
   throttling backs off exponentially with jitter (first wait >= 0.2 s, cap 5 s). Calls
@@ -52,6 +57,7 @@ class ReaderOutcome:
     SHARD_END = "shard_end"  # read to its end, acknowledged, SHARD_END written, lease released
     LOST = "lost"  # lease lost or lapsed: stopped without writing
     CLOSED = "closed"  # stopped on request; checkpointed and released (or kept, if asked)
+    HANDED_OVER = "handed_over"  # another instance asked: checkpointed, then handed over to it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +133,7 @@ class ShardReaderCore:
         self._lost = False
         self._stopping = False
         self._release_on_stop = True
+        self._handoff_to: str | None = None  # lease_next_owner seen on a write: hand over at the next step
         self._iterator: str | None = None
         self._resume: StartAt | None = None  # where to reopen: after the last acknowledged record
         self._skip_through: tuple[int, int] | None = None  # drop records at or before this position
@@ -172,6 +179,12 @@ class ShardReaderCore:
         if new is not None:
             self._lease = new
             self.stats["lease_counter"] = new.counter
+            asker = new.next_owner
+            if asker and asker != self.spec.owner_id and new.owner == self.spec.owner_id and self._handoff_to is None:
+                self._handoff_to = asker
+                self._stopping = True  # the loop finishes the batch in flight, then hands over
+                log.info("shard %s: %s asked for this lease; handing over after the batch in flight",
+                         self.spec.shard_id, asker)
         self._last_write = self._clock()
         return self._lease
 
@@ -193,8 +206,11 @@ class ShardReaderCore:
             return StartAt.parse(lease.start_position)
         return None
 
-    async def open(self) -> None:
+    async def open(self, lease: Lease | None = None) -> None:
         """Fetch the first shard iterator (and record ``start_position`` on a first open).
+
+        ``lease``: a newer Lease of the same holder (the Coordinator renewed it while this
+        actor was starting); it replaces the one given at construction.
 
         ``LATEST`` is resolved once: the reader records ``AT_TIMESTAMP`` of the moment it
         asked (so a replacement reopens there, never at a later tip) and reads from the
@@ -204,6 +220,9 @@ class ShardReaderCore:
             LeaseLostError: the lease was taken away meanwhile. StreamError/KinesisError:
             ``GetShardIterator`` failed past retries.
         """
+        if (lease is not None and lease.key == self._lease.key and lease.owner == self._lease.owner
+                and lease.counter > self._lease.counter):
+            self._applied(lease)
         position = self._position()
         if self._lease.checkpoint == SHARD_END:
             self._iterator = None
@@ -281,12 +300,20 @@ class ShardReaderCore:
 
     async def _finish_stop(self) -> str:
         if self._release_on_stop and not self._lost:
+            handoff = self._handoff_to
             try:
+                if handoff is not None:
+                    await self._write("hand_over", to=handoff)
+                    self.stats["state"] = "handed_over"
+                    log.info("shard %s: handed over to %s at checkpoint %s", self.spec.shard_id, handoff,
+                             self._lease.checkpoint)
+                    return ReaderOutcome.HANDED_OVER
                 await self._write("release")
             except LeaseLostError:
                 return ReaderOutcome.LOST
             except KinesisError as e:
-                log.warning("shard %s: release failed (%s); the lease will expire", self.spec.shard_id, e)
+                log.warning("shard %s: %s failed (%s); the lease will expire", self.spec.shard_id,
+                            "hand-over" if handoff else "release", e)
         self.stats["state"] = "closed"
         return ReaderOutcome.CLOSED
 
@@ -347,12 +374,13 @@ class ShardReaderCore:
         return ReaderOutcome.SHARD_END
 
     async def _pace(self) -> None:
-        await self._sleep_alive(self._next_call_at - self._clock())
+        await self._sleep_alive(self._next_call_at - self._clock(), unless_stopping=True)
 
-    async def _sleep_alive(self, seconds: float) -> None:
-        """Sleep on purpose (pacing, backoff), stamping the heartbeat: the loop is alive."""
+    async def _sleep_alive(self, seconds: float, *, unless_stopping: bool = False) -> None:
+        """Sleep on purpose (pacing, backoff), stamping the heartbeat: the loop is alive.
+        ``unless_stopping``: wake early once the loop is asked to stop (e.g. a handoff)."""
         end = self._clock() + seconds
-        while (left := end - self._clock()) > 0:
+        while (left := end - self._clock()) > 0 and not (unless_stopping and self._stopping):
             await asyncio.sleep(min(left, max(0.05, self.spec.renew_interval_s / 2)))
             self._alive()
 
@@ -540,8 +568,8 @@ def _make_ray_actor() -> Any:
 
             self.core = ShardReaderCore(spec, lease, store, deliver, kinesis)
 
-        async def open(self) -> None:
-            await self.core.open()
+        async def open(self, lease: Lease | None = None) -> None:
+            await self.core.open(lease)
 
         async def start(self) -> None:
             """Start the read loop as a task of this actor's event loop; returns at once."""

@@ -1,0 +1,106 @@
+"""Graceful handoff in ShardReaderCore: finish the batch in flight, checkpoint, hand over (no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from kinesis_actors.reader import ReaderOutcome, ReaderSpec, ShardReaderCore
+from kinesis_actors.records import StartAt
+
+from .test_reader_core import SHARD, STREAM, FakeShard, InProcessLeaseStore, Recorder, make_reader
+
+
+class SlowRecorder(Recorder):
+    """Takes ``delay_s`` per batch, so a handoff request lands while a batch is in flight."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self.in_flight = False
+
+    async def __call__(self, records: list) -> None:
+        self.in_flight = True
+        try:
+            await asyncio.sleep(self.delay_s)
+            await super().__call__(records)
+        finally:
+            self.in_flight = False
+
+
+def test_handoff_finishes_the_batch_in_flight_and_the_thief_resumes_after_it() -> None:
+    async def scenario() -> None:
+        shard, store = FakeShard(400), InProcessLeaseStore()
+        old_sink, new_sink = SlowRecorder(0.15), Recorder()
+        reader = make_reader(shard, store, old_sink, max_records=20)
+        await reader.open()
+        run = asyncio.create_task(reader.run())
+        deadline = time.monotonic() + 5
+        while not (len(old_sink.seqs) >= 40 and old_sink.in_flight):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+        thief = store.peer()
+        row = thief.get(STREAM, SHARD)
+        assert thief.request_handoff(STREAM, SHARD, owner="thief", expect_counter=row.counter)
+        requested = time.monotonic()
+        outcome = await asyncio.wait_for(run, 5)
+        assert outcome == ReaderOutcome.HANDED_OVER
+        assert time.monotonic() - requested < 0.2 + 0.15 + 0.5, "seen at the next renewal, after the batch in flight"
+        handed = store.get(STREAM, SHARD)
+        assert handed.owner == "thief" and handed.next_owner is None
+        assert handed.checkpoint == str(old_sink.seqs[-1]), "the last delivered batch is checkpointed"
+        # The thief's own reader re-takes its row at once and resumes after that checkpoint.
+        lease = thief.take(STREAM, SHARD, owner="thief", duration_s=2.0)
+        assert lease is not None
+        spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="thief", start_at=StartAt.trim_horizon(),
+                          lease_duration_s=2.0, renew_interval_s=0.2, max_records=100, idle_wait_s=0.01)
+        second = ShardReaderCore(spec, lease, thief, new_sink, shard)
+        await second.open()
+        run2 = asyncio.create_task(second.run())
+        while len(old_sink.seqs) + len(new_sink.seqs) < 400:
+            assert time.monotonic() < deadline + 5
+            await asyncio.sleep(0.01)
+        await second.stop()
+        assert await run2 == ReaderOutcome.CLOSED
+        assert old_sink.seqs + new_sink.seqs == list(range(1, 401)), "no duplicate, no gap"
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_reader_hands_over_within_a_renew_interval() -> None:
+    async def scenario() -> None:
+        shard, store, sink = FakeShard(3), InProcessLeaseStore(), Recorder()
+        reader = make_reader(shard, store, sink)
+        await reader.open()
+        run = asyncio.create_task(reader.run())
+        deadline = time.monotonic() + 5
+        while store.get(STREAM, SHARD).checkpoint != "3":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        row = store.get(STREAM, SHARD)
+        assert store.request_handoff(STREAM, SHARD, owner="thief", expect_counter=row.counter)
+        started = time.monotonic()
+        assert await asyncio.wait_for(run, 5) == ReaderOutcome.HANDED_OVER
+        assert time.monotonic() - started < 0.2 + 0.3  # renew_interval_s + a step
+        handed = store.get(STREAM, SHARD)
+        assert handed.owner == "thief" and handed.checkpoint == "3"
+        assert sink.seqs == [1, 2, 3]
+
+    asyncio.run(scenario())
+
+
+def test_a_request_naming_ourselves_is_ignored() -> None:
+    async def scenario() -> None:
+        shard, store, sink = FakeShard(5), InProcessLeaseStore(), Recorder()
+        reader = make_reader(shard, store, sink)
+        await reader.open()
+        run = asyncio.create_task(reader.run())
+        row = store.get(STREAM, SHARD)
+        assert store.request_handoff(STREAM, SHARD, owner="me", expect_counter=row.counter)
+        await asyncio.sleep(0.5)  # a few renewals
+        assert not run.done()
+        await reader.stop()
+        assert await run == ReaderOutcome.CLOSED
+        assert store.get(STREAM, SHARD).owner is None
+
+    asyncio.run(scenario())
