@@ -1,0 +1,172 @@
+"""CoordinatorCore balancing without Ray: in-process readers (ShardReaderCore) over fake shards,
+two or more instances over one in-process lease table."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kinesis_actors.config import KinesisStream
+from kinesis_actors.coordinator import CoordinatorCore
+from kinesis_actors.leases.protocol import Lease
+from kinesis_actors.reader import ReaderSpec, ShardReaderCore
+from kinesis_actors.records import StartAt
+from kinesis_actors.testing import InProcessLeaseStore
+
+from .test_reader_core import FakeShard
+
+STREAM = "s"
+LEASE_S, RENEW_S, POLL_S = 1.0, 0.2, 0.1
+
+
+class FakeKinesis:
+    """ListShards / DescribeStreamSummary / GetShardIterator / GetRecords over FakeShards."""
+
+    def __init__(self, n_shards: int) -> None:
+        self.shards = {f"shardId-{i:012d}": FakeShard(0) for i in range(n_shards)}
+
+    def list_shards(self, **_: Any) -> dict[str, Any]:
+        return {"Shards": [{"ShardId": sid, "SequenceNumberRange": {"StartingSequenceNumber": "1"}}
+                           for sid in self.shards]}
+
+    def describe_stream_summary(self, **_: Any) -> dict[str, Any]:
+        return {"StreamDescriptionSummary": {"StreamName": STREAM}}
+
+    def get_shard_iterator(self, *, ShardId: str, **kw: Any) -> dict[str, str]:
+        return {"ShardIterator": f"{ShardId}|{self.shards[ShardId].get_shard_iterator(ShardId=ShardId, **kw)['ShardIterator']}"}
+
+    def get_records(self, *, ShardIterator: str, Limit: int) -> dict[str, Any]:
+        sid, pos = ShardIterator.split("|")
+        out = self.shards[sid].get_records(ShardIterator=pos, Limit=Limit)
+        if out["NextShardIterator"] is not None:
+            out["NextShardIterator"] = f"{sid}|{out['NextShardIterator']}"
+        return out
+
+    def publish(self, n: int) -> None:
+        for shard in self.shards.values():
+            shard.add(n)
+
+
+class LocalReader:
+    """A ReaderHandle running ShardReaderCore in this event loop."""
+
+    def __init__(self, core: ShardReaderCore) -> None:
+        self.core = core
+        self.task: asyncio.Task[str] | None = None
+
+    async def open(self, lease: Lease | None = None) -> None:
+        await self.core.open(lease)
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self.core.run())
+
+    async def join(self) -> str:
+        assert self.task is not None
+        return await asyncio.shield(self.task)
+
+    async def stop(self, release: bool, grace_s: float) -> None:
+        await self.core.stop(release=release, grace_s=grace_s)
+
+    async def seek(self, position: StartAt) -> None:
+        await self.core.seek(position)
+
+    async def stats(self) -> dict[str, Any]:
+        return dict(self.core.stats)
+
+    async def ping(self) -> None:
+        await asyncio.sleep(0.05)  # an actor takes a moment to start
+
+    def kill(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+class BlindStore(InProcessLeaseStore):
+    """A holder that never sees handoff requests (an old version of the library)."""
+
+    def renew(self, lease: Lease, **kw: Any) -> Lease:
+        return dataclasses.replace(super().renew(lease, **kw), next_owner=None)
+
+    def checkpoint(self, lease: Lease, *args: Any, **kw: Any) -> Lease:
+        return dataclasses.replace(super().checkpoint(lease, *args, **kw), next_owner=None)
+
+
+def instance(owner: str, store: InProcessLeaseStore, kinesis: FakeKinesis, delivered: list[tuple[str, int]],
+             **stream_kwargs: Any) -> CoordinatorCore:
+    stream = KinesisStream(STREAM, start_at=StartAt.trim_horizon(), lease_poll_interval_s=POLL_S,
+                           shard_sync_interval_s=5.0, idle_wait_s=0.02, **stream_kwargs)
+
+    async def deliver(records: list[Any]) -> None:
+        delivered.extend((r.shard_id, int(r.sequence_number)) for r in records)
+
+    def launch(spec: ReaderSpec, lease: Lease) -> LocalReader:
+        return LocalReader(ShardReaderCore(spec, lease, store.peer(), deliver, kinesis))
+
+    return CoordinatorCore(stream, aws=None, store=store, owner_id=owner,  # type: ignore[arg-type]
+                           lease_duration_s=LEASE_S, renew_interval_s=RENEW_S, launcher=launch, kinesis=kinesis,
+                           call_timeout_s=5.0, handoff_timeout_s=2 * LEASE_S)
+
+
+async def until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+def owners(store: InProcessLeaseStore) -> collections.Counter[str | None]:
+    return collections.Counter(lease.owner for lease in store.list(STREAM))
+
+
+def test_a_joining_instance_gets_half_by_handoff_with_no_duplicate() -> None:
+    async def scenario() -> None:
+        kinesis, rows, delivered = FakeKinesis(4), InProcessLeaseStore(), []
+        a = instance("a", rows.peer(), kinesis, delivered)
+        await a.start()
+        assert a.held() == sorted(kinesis.shards)
+        kinesis.publish(20)
+        b = instance("b", rows.peer(), kinesis, delivered, max_leases_to_steal=1)
+        await b.start()
+        await until(lambda: len(a.held()) == 2 and len(b.held()) == 2, 10, "2/2")
+        for _ in range(5):
+            kinesis.publish(5)
+            await asyncio.sleep(POLL_S)
+        await until(lambda: len(delivered) == 4 * 45, 5, "every record")
+        assert len(set(delivered)) == len(delivered), "a planned move delivers no duplicate"
+        assert a.counters["leases_handed_over"] == 2 and b.counters["handoffs_received"] == 2
+        assert b.counters["handoffs_forced"] == 0 and a.counters["leases_lost"] == 0
+        assert b.last_plan is not None and b.last_plan.target == 2 and b.last_plan.live == ("a", "b")
+        assert [i.owner for i in rows.instances(STREAM)] == ["a", "b"]
+        settled = dict(owners(rows))
+        await asyncio.sleep(10 * POLL_S)
+        assert dict(owners(rows)) == settled, "balanced: nothing moves"
+        await b.close()
+        assert [i.owner for i in rows.instances(STREAM, include_stale=True)] == ["a"], "close deletes presence"
+        await until(lambda: len(a.held()) == 4, 3, "a takes b's released shards")
+        await a.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_holder_that_ignores_the_request_loses_the_lease_after_the_timeout() -> None:
+    async def scenario() -> None:
+        kinesis, rows, delivered = FakeKinesis(2), InProcessLeaseStore(), []
+        blind = BlindStore(rows._rows)
+        a = instance("a", blind, kinesis, delivered)
+        await a.start()
+        b = instance("b", rows.peer(), kinesis, delivered)
+        started = time.monotonic()
+        await b.start()
+        await until(lambda: len(b.held()) == 1, 10, "b forcing one lease")
+        assert time.monotonic() - started >= 2 * LEASE_S * 0.9, "only after the handoff timeout"
+        assert b.counters["handoffs_forced"] == 1
+        await until(lambda: len(a.held()) == 1, 3 * RENEW_S + 1, "a's fenced reader stopping")
+        assert a.counters["leases_lost"] == 1
+        await a.close()
+        await b.close()
+
+    asyncio.run(scenario())
