@@ -218,12 +218,34 @@ class CoordinatorCore:
         slots = list(self._slots.values())
         self._slots.clear()
         await asyncio.gather(*(self._stop_slot(s, release, grace_s) for s in slots), return_exceptions=True)
+        if release and self._handoffs:
+            await self._withdraw_handoffs()
         if release and self._presence_task is not None:
             try:
                 await asyncio.to_thread(self.store.remove_presence, self.stream.name, self.owner_id)  # type: ignore[attr-defined]
             except Exception as e:
                 log.info("%s: could not delete the presence row (%r); it will go stale", self.stream.name, e)
         self._closed.set()
+
+    async def _withdraw_handoffs(self) -> None:
+        """Closing: take back our handoff requests, and release a row handed over meanwhile
+        (so nobody waits a lease duration for an instance that is gone)."""
+        store, stream, me = self.store, self.stream.name, self.owner_id
+        for shard_id in sorted(self._handoffs):
+            try:
+                for _ in range(3):
+                    if await asyncio.to_thread(store.withdraw_handoff, stream, shard_id, owner=me):  # type: ignore[attr-defined]
+                        break
+                    row = await asyncio.to_thread(store.get, stream, shard_id)
+                    if row is not None and row.owner == me:
+                        lease = await asyncio.to_thread(store.take, stream, shard_id, owner=me,
+                                                        duration_s=self.lease_duration_s)
+                        if lease is not None:
+                            await asyncio.to_thread(store.release, lease)
+                        break
+            except Exception as e:
+                log.info("shard %s: could not withdraw the handoff request (%r)", shard_id, e)
+        self._handoffs.clear()
 
     async def _presence_loop(self) -> None:
         """Heartbeat this instance's presence row every ``renew_interval_s`` (it lasts one lease duration)."""

@@ -303,6 +303,8 @@ class ShardReaderCore:
             handoff = self._handoff_to
             try:
                 if handoff is not None:
+                    handoff = await self._current_asker(handoff)
+                if handoff is not None:
                     await self._write("hand_over", to=handoff)
                     self.stats["state"] = "handed_over"
                     log.info("shard %s: handed over to %s at checkpoint %s", self.spec.shard_id, handoff,
@@ -316,6 +318,17 @@ class ShardReaderCore:
                             "hand-over" if handoff else "release", e)
         self.stats["state"] = "closed"
         return ReaderOutcome.CLOSED
+
+    async def _current_asker(self, asker: str) -> str | None:
+        """Who asks for this lease now: the asker may have withdrawn (it closed) or been
+        replaced by another since the write that told us. None: release instead."""
+        try:
+            row = await asyncio.to_thread(self._store.get, self.spec.stream, self.spec.shard_id)
+        except Exception:
+            return asker
+        if row is None or row.owner != self.spec.owner_id or row.counter != self._lease.counter:
+            return asker  # the hand-over write will find out
+        return row.next_owner if row.next_owner != self.spec.owner_id else None
 
     def _alive(self) -> None:
         self._beat = self._clock()

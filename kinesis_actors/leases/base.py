@@ -571,6 +571,29 @@ class BaseLeaseStore:
         self._note(new)
         return True
 
+    def withdraw_handoff(self, stream: str, shard_id: str, *, owner: str) -> bool:
+        """Take back ``owner``'s handoff request (a closing instance): clear ``lease_next_owner``
+        if it still names ``owner``. Conditional on the counter read, like the request.
+
+        Returns:
+            True if the row no longer names ``owner`` as next owner (cleared now, or already
+            gone); False if the row changed meanwhile (read it again: it may be ours now).
+
+        Raises:
+            InvalidError: empty names or owner (before any I/O).
+            LeaseStoreError: the store is missing or unreachable.
+        """
+        validate_names(stream, shard_id, owner)
+        key = lease_key(stream, shard_id)
+        row = self._read(key)
+        if row is None or row.get(NEXT_OWNER) != owner:
+            return True
+        new = self._update(key, None, int(row[COUNTER]), {}, (NEXT_OWNER,), check_owner=False)
+        if new is None:
+            return False
+        self._note(new)
+        return True
+
     def hand_over(self, lease: Lease, *, to: str | None = None) -> Lease:
         """The holder gives its lease to another owner in one fenced write (graceful handoff).
 

@@ -218,6 +218,10 @@ class LeaseStore(Protocol):
         """Ask the holder to hand the lease over to ``owner`` (sets ``lease_next_owner``)."""
         ...
 
+    def withdraw_handoff(self, stream: str, shard_id: str, *, owner: str) -> bool:
+        """Take back ``owner``'s handoff request (clears ``lease_next_owner`` if it names ``owner``)."""
+        ...
+
     def hand_over(self, lease: Lease, *, to: str | None = None) -> Lease:
         """The holder gives the lease to ``to`` (default ``lease.next_owner``): owner changes,
         counter +1, checkpoint kept. ``LeaseLostError`` if not held any more."""

@@ -149,3 +149,16 @@ def test_skewed_wall_clock_never_takes_a_live_lease_and_takes_a_dead_one(
     assert skewed.instances(stream) == []
     taken = skewed.take(stream, SHARD, owner="b", duration_s=DURATION_S)
     assert taken is not None and taken.owner == "b"
+
+
+def test_withdraw_handoff_clears_only_ones_own_request(store: Any, clock: FakeClock, stream: str) -> None:
+    holder = store.take(stream, SHARD, owner="a", duration_s=DURATION_S)
+    thief = store.peer(clock=clock)
+    assert thief.withdraw_handoff(stream, SHARD, owner="b")  # nothing to withdraw
+    assert thief.request_handoff(stream, SHARD, owner="b", expect_counter=holder.counter)
+    assert thief.withdraw_handoff(stream, SHARD, owner="c")  # not c's: untouched
+    assert store.get(stream, SHARD).next_owner == "b"
+    assert thief.withdraw_handoff(stream, SHARD, owner="b")
+    row = store.get(stream, SHARD)
+    assert row.next_owner is None and row.counter == holder.counter and row.owner == "a"
+    assert store.renew(holder).next_owner is None, "the holder is not fenced by a withdrawal"

@@ -170,3 +170,20 @@ def test_a_holder_that_ignores_the_request_loses_the_lease_after_the_timeout() -
         await b.close()
 
     asyncio.run(scenario())
+
+
+def test_an_instance_closing_with_pending_requests_leaves_nothing_stuck() -> None:
+    async def scenario() -> None:
+        kinesis, rows, delivered = FakeKinesis(4), InProcessLeaseStore(), []
+        a = instance("a", rows.peer(), kinesis, delivered)
+        await a.start()
+        b = instance("b", rows.peer(), kinesis, delivered, max_leases_to_steal=2)
+        await b.start()  # its first pass asks a for two leases
+        assert b.counters["handoffs_requested"] == 2
+        await b.close()
+        assert not any(lease.next_owner == "b" for lease in rows.list(STREAM)), "requests withdrawn"
+        await until(lambda: len(a.held()) == 4, 3, "a reading every shard again")
+        assert not any(lease.owner == "b" for lease in rows.list(STREAM))
+        await a.close()
+
+    asyncio.run(scenario())

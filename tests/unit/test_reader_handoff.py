@@ -104,3 +104,27 @@ def test_a_request_naming_ourselves_is_ignored() -> None:
         assert store.get(STREAM, SHARD).owner is None
 
     asyncio.run(scenario())
+
+
+def test_a_withdrawn_request_releases_instead_of_handing_over() -> None:
+    async def scenario() -> None:
+        shard, store = FakeShard(100), InProcessLeaseStore()
+        sink = SlowRecorder(0.4)
+        reader = make_reader(shard, store, sink, max_records=10)
+        await reader.open()
+        run = asyncio.create_task(reader.run())
+        deadline = time.monotonic() + 5
+        while not sink.in_flight:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+        row = store.get(STREAM, SHARD)
+        assert store.request_handoff(STREAM, SHARD, owner="thief", expect_counter=row.counter)
+        while reader._handoff_to is None:  # seen at the next renewal, while the batch is in flight
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+        assert store.withdraw_handoff(STREAM, SHARD, owner="thief")  # the thief closed meanwhile
+        assert await asyncio.wait_for(run, 5) == ReaderOutcome.CLOSED
+        row = store.get(STREAM, SHARD)
+        assert row.owner is None and row.checkpoint == str(sink.seqs[-1]), "released after the batch in flight"
+
+    asyncio.run(scenario())
