@@ -115,6 +115,43 @@ def _pair(ctx: Any, tag: str) -> tuple[str, str, list[str], _Instance, _Instance
     return stream, table, [s["ShardId"] for s in shards], victim, survivor, pub
 
 
+class _RowWatcher:
+    """Polls the victim's lease rows every 0.1 s: when each was last written by the victim
+    (its counter moved while it owned the row) and when another owner took it."""
+
+    def __init__(self, ctx: Any, table: str, stream: str, shards: list[str], victim: str) -> None:
+        from kinesis_actors import DynamoLeaseStore
+
+        self.store = DynamoLeaseStore(table, endpoint=ctx.endpoint, region=REGION, test_credentials=True)
+        self.stream, self.shards, self.victim = stream, shards, victim
+        self.last_victim_write: dict[str, float] = {}
+        self.taken: dict[str, float] = {}
+        self._seen: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="row-watcher")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            for sid in self.shards:
+                try:
+                    row = self.store.get(self.stream, sid)
+                except Exception:  # noqa: BLE001
+                    continue
+                if row is None:
+                    continue
+                now = time.time()
+                if row.owner == self.victim and self._seen.get(sid) != row.counter:
+                    self.last_victim_write[sid] = now
+                elif row.owner not in (None, self.victim) and sid not in self.taken:
+                    self.taken[sid] = now
+                self._seen[sid] = row.counter
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
 def _await_takeover(ctx: Any, survivor: _Instance, t0: float, shards: list[str]) -> tuple[float | None, float | None]:
     """(seconds to the first batch from one of ``shards``, seconds until every one delivered)."""
     limit = 3 * ctx.timings["lease_duration_s"] + 15
@@ -123,6 +160,17 @@ def _await_takeover(ctx: Any, survivor: _Instance, t0: float, shards: list[str])
         return None, None
     per = {s: wait_for(lambda s=s: survivor.first_after(t0, [s]), timeout_s=limit, interval_s=0.1) for s in shards}
     return first - t0, (max(per.values()) - t0) if all(per.values()) else None
+
+
+def _split(res: Results, prefix: str, watcher: _RowWatcher, t0: float) -> None:
+    """Where a takeover's time went: the victim's last write after the event, the survivor's take."""
+    watcher.stop()
+    last = [t - t0 for t in watcher.last_victim_write.values() if t > t0]
+    taken = [t - t0 for t in watcher.taken.values()]
+    res.add("failover", f"{prefix}_victim_last_write_after_s", max(last) if last else 0.0, "s",
+            note="latest lease write (renew/checkpoint) by the victim after the event; 0 = none")
+    res.add("failover", f"{prefix}_survivor_take_s", min(taken) if taken else None, "s",
+            note="the first victim row taken by the survivor (lease table polled every 0.1 s)")
 
 
 def run(ctx: Any, res: Results) -> None:
@@ -140,9 +188,12 @@ def run(ctx: Any, res: Results) -> None:
         t0 = time.time()
         wait_for(lambda: victim.flowing(t0, lost) and survivor.flowing(t0, survivor.held()), timeout_s=20, interval_s=0.2)
         time.sleep(1.0)
+        watcher = _RowWatcher(ctx, table, stream, lost, "victim-crash")
+        time.sleep(0.5)
         t_kill = time.time()
         victim.sub._kill()
         first, every = _await_takeover(ctx, survivor, t_kill, lost)
+        _split(res, "crash", watcher, t_kill)
         ctx.log(f"  crash: first {first} s, every shard {every} s ({lost})")
         res.add("failover", "crash_to_survivor_first_record_s", first, "s", anchor="lease_duration_s + 2", anchor_value=bound,
                 goal=f"<= {bound:g} s", check=lambda v: v <= bound,
@@ -160,10 +211,13 @@ def run(ctx: Any, res: Results) -> None:
         t0 = time.time()
         wait_for(lambda: victim.flowing(t0, lost), timeout_s=20, interval_s=0.2)
         time.sleep(1.0)
+        watcher = _RowWatcher(ctx, table, stream, lost, "victim-close")
+        time.sleep(0.5)
         t_close = time.time()
         victim.close()
         closed_s = time.time() - t_close
         first, every = _await_takeover(ctx, survivor, t_close, lost)
+        _split(res, "close", watcher, t_close)
         ctx.log(f"  close: close() {closed_s:.2f} s, first {first} s, every shard {every} s")
         res.add("failover", "close_to_other_reading_s", first, "s", anchor="goal", anchor_value=3.0, goal="<= 3 s",
                 check=lambda v: v <= 3.0, note=f"from the victim's close() call; close() itself took {closed_s:.2f} s; {timing_note}")
@@ -200,10 +254,13 @@ def run(ctx: Any, res: Results) -> None:
             wait_for(lambda: survivor.flowing(t0, sorted(set(s["ShardId"] for s in shards) - set(lost))), timeout_s=20,
                      interval_s=0.2)
             time.sleep(1.0)
+            watcher = _RowWatcher(ctx, table, stream, lost, "victim-proc")
+            time.sleep(0.5)
             t_kill = time.time()
             os.kill(child.pid, signal.SIGKILL)
             child.wait()
             first, every = _await_takeover(ctx, survivor, t_kill, lost)
+            _split(res, "sigkill", watcher, t_kill)
             ctx.log(f"  sigkill: first {first} s, every shard {every} s")
             res.add("failover", "sigkill_to_survivor_first_record_s", first, "s", anchor="lease_duration_s + 2",
                     anchor_value=bound, goal=f"<= {bound:g} s", check=lambda v: v <= bound,
@@ -223,6 +280,18 @@ def run(ctx: Any, res: Results) -> None:
                 times.append(None if not got else got - t_kill)
                 ctx.log(f"  reader kill {shard}: {times[-1]} s")
             ok = [x for x in times if x is not None]
+            from .actors import Idle
+
+            starts = []
+            for _ in range(3):
+                t_a = time.time()
+                idle = Idle.remote()
+                ray.get(idle.pid.remote())
+                starts.append(time.time() - t_a)
+                ray.kill(idle)
+            res.add("failover", "ray_actor_start_s", median(starts), "s",
+                    note="create a do-nothing actor and get its first answer (a new worker process): the floor of "
+                         "every takeover and replacement above; median of 3")
             res.add("failover", "reader_kill_to_replacement_delivering_s", median(ok), "s", anchor="goal", anchor_value=2.0,
                     goal="<= 2 s", check=lambda v: v <= 2.0,
                     note=f"ray.kill of one ShardReader; median of {len(ok)} (all: {[round(x, 2) for x in ok]})")

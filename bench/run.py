@@ -56,6 +56,8 @@ class Ctx:
     children: list[Any] = dataclasses.field(default_factory=list)
     uss_under_load: list[float] = dataclasses.field(default_factory=list)
     uss_under_load_all: dict[int, float] = dataclasses.field(default_factory=dict)
+    raw_uss: tuple[float, float] | None = None
+    uss_small_batches: float | None = None
     t0: float = dataclasses.field(default_factory=time.monotonic)
 
     def log(self, msg: str) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -89,7 +90,36 @@ def raw_threads(endpoint: str, stream: str, shard_ids: list[str], per_shard: int
             "t0": t0, "events": events, "cpu_s": sum(v[2] for v in totals.values())}
 
 
-def product(ctx: Any, stream: str, expect: int, sample_uss: bool) -> dict[str, Any]:
+def raw_memory(ctx: Any, stream: str, shard_id: str, expect: int) -> tuple[float, float]:
+    """(peak USS while draining, USS at the end) in MiB of a plain boto3 process draining one shard."""
+    from .common import uss_mib
+
+    psutil = psutil_mod()
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "_raw_mem.py"), ctx.endpoint, stream, shard_id, str(expect)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    p = psutil.Process(proc.pid)
+    peak = 0.0
+    done = threading.Event()
+
+    def watch() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if line.startswith("DONE"):
+                done.set()
+                return
+        done.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    while not done.wait(0.1):
+        m = uss_mib(p)
+        if m:
+            peak = max(peak, m[0])
+    end = uss_mib(p)
+    proc.stdin.close()  # type: ignore[union-attr]
+    proc.wait(timeout=30)
+    return max(peak, end[0] if end else 0.0), end[0] if end else 0.0
+
+
+def product(ctx: Any, stream: str, expect: int, sample_uss: bool, max_records: int = 10_000) -> dict[str, Any]:
     import ray
 
     from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream, StartAt
@@ -112,7 +142,7 @@ def product(ctx: Any, stream: str, expect: int, sample_uss: bool) -> dict[str, A
     emu0 = sum(emu.cpu_times()[:2])
     t0 = time.time()
     with sampler:
-        sub = conn.subscribe(KinesisStream(stream, start_at=StartAt.trim_horizon()), sink=sink)
+        sub = conn.subscribe(KinesisStream(stream, start_at=StartAt.trim_horizon(), max_records=max_records), sink=sink)
         t_sub = time.time()
         mid = cpu_snapshot([me, *ray_tree(exclude)])
         mid_bytes = ray.get(sink.summary.remote())["bytes"]
@@ -131,7 +161,8 @@ def product(ctx: Any, stream: str, expect: int, sample_uss: bool) -> dict[str, A
         raise RuntimeError(f"product delivered {summary['n']} of {expect} records in {ctx.timeout_s} s")
     per_title = cpu_delta(before, after)
     total = sum(per_title.values()) - sampler.cpu_s
-    after_start = sum(cpu_delta(mid, after).values()) - sampler.cpu_s
+    span = max(1e-9, time.time() - t0)
+    after_start = sum(cpu_delta(mid, after).values()) - sampler.cpu_s * (time.time() - t_sub) / span
     calls = [s.get("get_records_calls", 0) for s in stats.get("shards", {}).values()]
     return {"records": summary["n"], "bytes": summary["bytes"], "t0": t0, "t_sub": t_sub,
             "events": [tuple(e) for e in summary["log"]], "cpu_s": total, "cpu_by_process": per_title,
@@ -248,6 +279,17 @@ def run(ctx: Any, res: Results) -> None:
             "CPU s/MB", note="moto server process while the product read (server side, shares the 2 cores)")
     ctx.uss_under_load = [max(r["uss_peak"].values()) for r in runs["product"] if r["uss_peak"]]
     ctx.uss_under_load_all = runs["product"][-1]["uss_peak"]
+    try:
+        ctx.raw_uss = raw_memory(ctx, stream, shard_ids[0], per_shard)
+    except Exception as e:  # noqa: BLE001
+        res.note(f"raw memory anchor failed: {e!r:.200}")
+    # The knob that bounds a reader's memory: GetRecords Limit (max_records) 1,000 instead of 10,000.
+    small = product(ctx, stream, expect, sample_uss=True, max_records=1000)
+    small.update(_rates(small, "t0"))
+    ctx.uss_small_batches = max(small["uss_peak"].values()) if small["uss_peak"] else None
+    ctx.log(f"  product max_records=1000: steady {small['steady'] or 0:,.0f} rec/s, peak USS {ctx.uss_small_batches} MiB")
+    res.add("throughput", "product_records_per_s_max_records_1000", small["steady"], "rec/s", anchor="raw_single_records_per_s",
+            anchor_value=single, note="one run with KinesisStream(max_records=1000): smaller GetRecords and batches")
 
     # ---- peer (item 6), same stream, same emulator
     if "peer" in ctx.sections:
