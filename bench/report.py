@@ -1,4 +1,5 @@
-"""``python -m bench.report [results.json]``: the Markdown table of a results file (for the README)."""
+"""``python -m bench.report [--key] [results.json]``: the Markdown table of a results file (``--key``: the
+figures the README shows)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,39 @@ import sys
 from .common import fmt
 
 
-def markdown(data: dict) -> str:
+KEY = (
+    "raw_single_records_per_s", "raw_threads_records_per_s", "product_records_per_s", "product_records_per_s_vs_threads",
+    "product_mb_per_s", "product_e2e_records_per_s", "raw_single_cpu_s_per_mb", "product_cpu_s_per_mb",
+    "product_cpu_s_per_mb_after_start", "product_reader_cpu_s_per_mb", "emulator_cpu_s_per_mb_product",
+    "peer_records_per_s", "peer_cpu_s_per_mb",
+    "raw_poll_p50_ms", "product_p50_ms", "product_p95_ms", "product_p99_ms", "get_records_calls_per_s_per_shard_max",
+    "crash_to_survivor_first_record_s", "crash_survivor_take_s", "sigkill_to_survivor_first_record_s",
+    "sigkill_survivor_take_s", "close_to_other_reading_s", "close_survivor_take_s",
+    "reader_kill_to_replacement_delivering_s", "ray_actor_start_s",
+    "idle_actor_uss_mib", "reader_uss_at_rest_mib", "raw_drain_process_uss_peak_mib", "reader_uss_under_load_mib",
+    "reader_uss_under_load_max_records_1000_mib", "coordinator_pass_s", "coordinator_pass_dynamodb_calls",
+    "january_wall_s", "january_emulator_start_s", "january_ray_start_s", "january_subscribe_s", "january_publish_s",
+    "january_consume_s", "full_year_wall_s", "full_year_publish_s", "full_year_consume_s",
+)
+
+
+def markdown(data: dict, key_only: bool = False) -> str:
     m = data.get("machine", {})
     lines = [
         f"Measured {data.get('date')} on {m.get('cores')} cores, {m.get('memory_gib')} GiB "
         f"(Python {m.get('python')}, Ray {m.get('ray')}, boto3 {m.get('boto3')}, moto {m.get('moto')}; "
         f"`python -m bench`{' --quick' if data.get('mode') == 'quick' else ''}, emulator: moto server).",
         "",
+        "Load average (1 min) of the shared machine when each section started: "
+        + (", ".join(f"{k} {v:g}" for k, v in data.get("load_average_1min_at_section_start", {}).items()) or "not recorded")
+        + " (2 cores: anything above 2 means other work shared the CPUs; figures are from one noisy run).",
+        "",
         "| section | figure | value | unit | anchor | ratio | goal | met |",
         "|---|---|---:|---|---|---:|---|---|",
     ]
     for f in data.get("figures", []):
+        if key_only and f["name"] not in KEY:
+            continue
         anchor = f.get("anchor") or ""
         if f.get("anchor_value") is not None:
             anchor = f"{anchor} = {fmt(f['anchor_value'])}"
@@ -32,9 +55,11 @@ def markdown(data: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    key_only = "--key" in args
+    args = [a for a in args if a != "--key"]
     path = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.json")
     with open(path) as f:
-        print(markdown(json.load(f)))
+        print(markdown(json.load(f), key_only=key_only))
     return 0
 
 
