@@ -6,7 +6,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: install demo test test-fast test-integration test-kinesalite test-notebooks bench clean
+.PHONY: install demo test test-fast test-integration test-kinesalite test-notebooks test-cluster bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ test-kinesalite: install $(KINESALITE)/node_modules/.installed  # resharding etc
 
 test-notebooks: install  # notebooks/ run top to bottom with nbclient (outputs stripped in the repo)
 	$(BIN)/python -m pytest tests/notebooks $(PYTEST_ARGS)
+
+test-cluster: install  # cluster/: manifests offline; a real `ray start --head` + `ray job submit` on loopback
+	$(BIN)/python -m pytest tests/cluster $(PYTEST_ARGS)
 
 test: install
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)

@@ -232,6 +232,11 @@ def _make_actor_class() -> Any:
 
         def __init__(self, fn: Callable[[Any], Any], window_s: float, window_records: int, window_bytes: int) -> None:
             logging.basicConfig(level=logging.INFO)
+            from ray.data import DataContext
+
+            # One Dataset per window: progress bars and per-execution INFO lines would flood the logs.
+            DataContext.get_current().enable_progress_bars = False
+            logging.getLogger("ray.data").setLevel(logging.WARNING)
             self.core = DatasetSinkCore(fn, window_s=window_s, window_records=window_records,
                                         window_bytes=window_bytes)
 
@@ -300,6 +305,7 @@ class DatasetSink:
         self.window_s = float(window_s)
         self._actor = _ACTOR_CLASS.options(**options).remote(fn, float(window_s), window_records, window_bytes)
         self._closed = False
+        self.final_stats: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         return f"DatasetSink(window_s={self.window_s}, batch_format={self.batch_format!r})"
@@ -328,16 +334,21 @@ class DatasetSink:
 
         return ray.get(self._actor.stats.remote(), timeout=30)
 
-    def close(self, timeout_s: float = 60.0) -> None:
-        """Flush (``fn`` runs for what is open), then stop the actor. Idempotent."""
+    def close(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Flush (``fn`` runs for what is open), then stop the actor. Idempotent.
+
+        Returns:
+            The final :meth:`stats` (also kept as ``final_stats``).
+        """
         import ray
 
         if self._closed:
-            return
+            return self.final_stats
         self._closed = True
         try:
             if not ray.get(self._actor.flush.remote(timeout_s), timeout=timeout_s + 30):
                 log.warning("dataset sink: windows still pending after %.0f s; stopping anyway", timeout_s)
+            self.final_stats = ray.get(self._actor.stats.remote(), timeout=30)
         except Exception as e:
             raise KinesisError(f"dataset sink: flushing at close failed: {e!r:.300}") from e
         finally:
@@ -345,6 +356,7 @@ class DatasetSink:
                 ray.kill(self._actor, no_restart=True)
             except Exception:
                 pass
+        return self.final_stats
 
     def __enter__(self) -> "DatasetSink":
         return self

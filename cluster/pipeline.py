@@ -1,0 +1,242 @@
+"""``ray job submit`` entrypoint: read a Kinesis stream with leases in DynamoDB, write windows to a sink.
+
+Run on a Ray cluster (the job's ``working_dir`` is this directory)::
+
+    ray job submit --address http://HEAD:8265 \\
+        --runtime-env-json '{"working_dir": "cluster", "pip": ["kinesis-actors"],
+                             "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60"}}' \\
+        -- python pipeline.py --stream orders --lease-table orders-leases \\
+                              --sink parquet:s3://my-bucket/orders/
+
+Every flag has an environment variable (``KA_STREAM``, ``KA_LEASE_TABLE``, ``KA_SINK``...,
+see ``--help``); a flag wins over its variable. Credentials come from the node (an EC2
+instance profile, EKS IRSA or pod identity) through boto3's default chain: never pass
+keys on the command line or in files. ``--test-credentials`` is for emulators only.
+
+Instances of this job (on one cluster or several) split the stream's shards through the
+lease table; each instance needs its own ``--owner-id`` (default: host name + random).
+
+The sink is a :class:`~kinesis_actors.DatasetSink`: every ``--window-s`` seconds (or
+``--window-records`` records) the records gathered from the readers become a
+``ray.data.Dataset`` written as Parquet under the sink's path (local, ``s3://``...);
+checkpoints advance only after the window's files are written. ``--sink null`` only
+counts (for smoke tests).
+
+It stops on SIGTERM or SIGINT (``ray job stop``: set ``RAY_JOB_STOP_WAIT_TIME_S`` in
+the job's ``env_vars`` above Ray's default 3 s), after ``--max-records`` records were
+written, or after ``--duration-s``. Stopping closes the subscription (the readers
+checkpoint what was acknowledged and release their leases, so another instance takes
+the shards at once), flushes the sink and exits 0. It prints one JSON object per line:
+``started``, ``progress`` (every ``--progress-s``) and ``stopped`` with the totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+log = logging.getLogger("kinesis_actors.pipeline")
+
+for _name, _value in (("RAY_AUTH_MODE", "disabled"), ("RAY_USAGE_STATS_ENABLED", "0")):
+    os.environ.setdefault(_name, _value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The job's settings (flags, else ``KA_*`` environment variables, else defaults)."""
+
+    stream: str
+    lease_table: str
+    sink: str = "null"
+    endpoint: str | None = None
+    region: str | None = None
+    test_credentials: bool = False
+    owner_id: str | None = None
+    start_at: str = "latest"
+    create_lease_table: bool = False
+    window_s: float = 10.0
+    window_records: int = 100_000
+    batch_format: str = "pyarrow"
+    max_records: int = 0
+    duration_s: float = 0.0
+    progress_s: float = 5.0
+    lease_duration_s: float = 10.0
+    renew_interval_s: float = 3.0
+
+
+_ENV = {"stream": "KA_STREAM", "lease_table": "KA_LEASE_TABLE", "sink": "KA_SINK", "endpoint": "KA_ENDPOINT",
+        "region": "KA_REGION", "test_credentials": "KA_TEST_CREDENTIALS", "owner_id": "KA_OWNER_ID",
+        "start_at": "KA_START_AT", "create_lease_table": "KA_CREATE_LEASE_TABLE", "window_s": "KA_WINDOW_S",
+        "window_records": "KA_WINDOW_RECORDS", "batch_format": "KA_BATCH_FORMAT", "max_records": "KA_MAX_RECORDS",
+        "duration_s": "KA_DURATION_S", "progress_s": "KA_PROGRESS_S", "lease_duration_s": "KA_LEASE_DURATION_S",
+        "renew_interval_s": "KA_RENEW_INTERVAL_S"}
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
+def parse_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> Config:
+    """Flags over ``KA_*`` environment variables over defaults."""
+    env = os.environ if environ is None else environ
+    defaults = Config(stream="", lease_table="")
+    parser = argparse.ArgumentParser(prog="pipeline.py", description=__doc__.split("\n\n")[0])
+
+    def option(name: str, kind: Callable[[str], Any], help_: str, **kw: Any) -> None:
+        var = _ENV[name]
+        default = kind(env[var]) if var in env else getattr(defaults, name)
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
+                            help=f"{help_} (env {var}; default {default!r})", **kw)
+
+    option("stream", str, "Kinesis stream to read")
+    option("lease_table", str, "DynamoDB lease table")
+    option("sink", str, "parquet:<path or s3:// URI>, or null")
+    option("endpoint", str, "endpoint URL (an emulator); unset for AWS")
+    option("region", str, "AWS region (else AWS_REGION / the default chain)")
+    option("owner_id", str, "lease owner id of this instance")
+    option("start_at", str, "where a shard without checkpoint opens: latest, trim_horizon, or an ISO-8601 time")
+    option("window_s", float, "seconds per sink window")
+    option("window_records", int, "records per sink window at most")
+    option("batch_format", str, "records or pyarrow (cheaper through the object store)")
+    option("max_records", int, "stop after this many records were written (0: run until stopped)")
+    option("duration_s", float, "stop after this many seconds (0: run until stopped)")
+    option("progress_s", float, "seconds between progress lines")
+    option("lease_duration_s", float, "lease duration, seconds")
+    option("renew_interval_s", float, "lease renewal interval, seconds")
+    for name, help_ in (("test_credentials", "fixed dummy keys, for emulators only"),
+                        ("create_lease_table", "create the lease table if missing (needs dynamodb:CreateTable)")):
+        var = _ENV[name]
+        parser.add_argument("--" + name.replace("_", "-"), action="store_true",
+                            default=_bool(env.get(var, "0")), help=f"{help_} (env {var}=1)")
+    args = parser.parse_args(argv)
+    if not args.stream or not args.lease_table:
+        parser.error("--stream and --lease-table (or KA_STREAM and KA_LEASE_TABLE) are required")
+    if args.sink != "null" and not args.sink.startswith("parquet:"):
+        parser.error(f"--sink must be parquet:<path> or null, got {args.sink!r}")
+    return Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
+
+
+def start_position(text: str) -> Any:
+    from kinesis_actors import StartAt
+
+    if text.lower() == "latest":
+        return StartAt.latest()
+    if text.lower() == "trim_horizon":
+        return StartAt.trim_horizon()
+    when = dt.datetime.fromisoformat(text)
+    return StartAt.at_timestamp(when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc))
+
+
+def make_writer(sink: str) -> Callable[[Any], Any]:
+    """``fn(ds)`` of the Dataset sink: write Parquet under the path, or only count."""
+    if sink == "null":
+        return lambda ds: ds.count()
+    path = sink.split(":", 1)[1]
+
+    def write(ds: Any) -> None:
+        ds.write_parquet(path)
+
+    return write
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                      **fields}), flush=True)
+
+
+def install_stop_signals(stop: threading.Event) -> None:
+    """SIGTERM (``ray job stop``) and SIGINT set ``stop``. Called after Ray is initialised:
+    ``ray.init`` installs its own SIGTERM handler in a driver, which would exit at once."""
+
+    def on_signal(signum: int, frame: Any) -> None:
+        log.info("received %s: stopping (checkpoint, release the leases, flush the sink)", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def run(cfg: Config, stop: threading.Event) -> int:
+    """Subscribe and write until ``stop`` is set (SIGTERM, SIGINT), ``max_records`` or
+    ``duration_s``; then close cleanly. Returns the exit code."""
+    from kinesis_actors import DatasetSink, DynamoLeaseStore, KinesisBroker, KinesisStream
+
+    broker = KinesisBroker(endpoint=cfg.endpoint, region=cfg.region, test_credentials=cfg.test_credentials,
+                           lease_store=DynamoLeaseStore(cfg.lease_table, create_if_missing=cfg.create_lease_table),
+                           owner_id=cfg.owner_id, lease_duration_s=cfg.lease_duration_s,
+                           renew_interval_s=cfg.renew_interval_s)
+    conn = broker.connect()
+    install_stop_signals(stop)
+    sink = DatasetSink(make_writer(cfg.sink), window_s=cfg.window_s, window_records=cfg.window_records,
+                       batch_format=cfg.batch_format)
+    started = time.monotonic()
+    reason, code, written = "stopped", 0, 0
+    sub = None
+    try:
+        sub = conn.subscribe(KinesisStream(cfg.stream, start_at=start_position(cfg.start_at)), sink=sink)
+        emit("started", stream=cfg.stream, lease_table=cfg.lease_table, owner_id=conn.owner_id, sink=cfg.sink,
+             shards=sorted(sub.stats()["shards"]))
+        next_progress = started + cfg.progress_s
+        while True:
+            if stop.wait(0.5):
+                reason = "signal"
+                break
+            if sub.wait(0.01):  # ended on its own (raises its error if it failed)
+                reason = "subscription ended"
+                break
+            written = sink.stats()["records_written"]
+            if cfg.max_records and written >= cfg.max_records:
+                reason = "max_records"
+                break
+            if cfg.duration_s and time.monotonic() - started >= cfg.duration_s:
+                reason = "duration"
+                break
+            if time.monotonic() >= next_progress:
+                next_progress += cfg.progress_s
+                stats = sub.stats()
+                emit("progress", records_written=written, leases_held=stats["leases_held"],
+                     lag_ms={s: v.get("millis_behind_latest") for s, v in stats["shards"].items()})
+    except BaseException as e:  # KeyboardInterrupt/SystemExit too: close cleanly all the same
+        reason, code = f"error: {e!r:.300}", 1
+        log.exception("pipeline failed")
+    finally:
+        totals: dict[str, Any] = {}
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("close the subscription", lambda: sub.close() if sub is not None else None),
+            ("flush the sink", lambda: totals.update(sink.close() or {})),
+            ("shut down", conn.shutdown)]
+        for step, action in steps:
+            try:
+                action()
+            except Exception as e:
+                log.error("could not %s: %r", step, e)
+                code = 1
+        emit("stopped", reason=reason, records_written=totals.get("records_written", written),
+             windows=totals.get("windows_completed"), seconds=round(time.monotonic() - started, 1), exit_code=code)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = parse_args(argv)
+    stop = threading.Event()
+    install_stop_signals(stop)  # until Ray starts; installed again after ray.init
+    return run(cfg, stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""cluster/pipeline.py as a real Ray job: ``ray start --head`` on loopback (own ports and temp dir),
+``ray job submit`` with working_dir + py_modules, against the embedded emulator; ``ray job stop``
+closes it cleanly. Only the processes of the cluster started here are stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+
+from kinesis_actors import DynamoLeaseStore
+
+from ..integration.helpers import create_stream, kinesis_client, wait_until
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+RAY = str(pathlib.Path(sys.executable).with_name("ray"))
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+def free_ports(n: int) -> list[int]:
+    sockets, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        sockets.append(s)
+        ports.append(s.getsockname()[1])
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class Head:
+    """A one-node Ray cluster started with ``ray start --head``; :meth:`stop` ends only its processes."""
+
+    def __init__(self) -> None:
+        self.temp_dir = tempfile.mkdtemp(prefix="ka-cl-", dir="/tmp")  # short: socket paths are limited
+        gcs, dash, agent, agent_grpc, rt_agent, metrics, client, nm, om = free_ports(9)
+        self.dashboard = f"http://127.0.0.1:{dash}"
+        self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+                    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_TMPDIR": self.temp_dir}
+        for name in [n for n in self.env if n.startswith("AWS_") or n == "RAY_ADDRESS"]:
+            del self.env[name]  # module scope runs before the hermetic fixture: strip here too
+        self.env["AWS_EC2_METADATA_DISABLED"] = "true"
+        # `python` in the job's entrypoint is this virtualenv's, as after `source .venv/bin/activate`
+        self.env["PATH"] = os.pathsep.join([str(pathlib.Path(sys.executable).parent), self.env.get("PATH", "")])
+        self.command = [RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
+                        "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+                        f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
+                        f"--runtime-env-agent-port={rt_agent}", f"--metrics-export-port={metrics}",
+                        f"--ray-client-server-port={client}", f"--node-manager-port={nm}",
+                        f"--object-manager-port={om}", "--num-cpus=2", f"--temp-dir={self.temp_dir}",
+                        "--disable-usage-stats"]
+
+    def start(self) -> "Head":
+        result = subprocess.run(self.command, env=self.env, timeout=180, capture_output=True, text=True)
+        if result.returncode != 0:
+            self.stop()
+            raise AssertionError(f"ray start failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+        wait_until(self._dashboard_up, timeout_s=60, interval_s=0.5, what="the Ray dashboard's job API")
+        return self
+
+    def _dashboard_up(self) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.dashboard + "/api/version", timeout=2) as r:
+                return r.status == 200
+        except Exception:
+            return False
+
+    def processes(self) -> list[psutil.Process]:
+        """This cluster's processes: those naming its temp dir, and all their children."""
+        found: dict[int, psutil.Process] = {}
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if any(self.temp_dir in part for part in proc.info["cmdline"] or ()):
+                    found[proc.pid] = proc
+                    for child in proc.children(recursive=True):
+                        found[child.pid] = child
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        found.pop(os.getpid(), None)
+        return list(found.values())
+
+    def stop(self) -> None:
+        procs = self.processes()
+        for proc in procs:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=5)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def ray(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([RAY, *args], env=self.env, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def head() -> Iterator[Head]:
+    cluster = Head()
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+def submit(head: Head, job_id: str, *args: str) -> None:
+    runtime_env = {"working_dir": str(REPO / "cluster"), "py_modules": [str(REPO / "kinesis_actors")],
+                   "excludes": ["__pycache__", "*.pyc"],
+                   "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60", "AWS_EC2_METADATA_DISABLED": "true"}}
+    result = head.ray("job", "submit", "--address", head.dashboard, "--submission-id", job_id, "--no-wait",
+                      "--runtime-env-json", json.dumps(runtime_env), "--", "python", "pipeline.py", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def client(head: Head) -> Any:
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(head.dashboard)
+
+
+def wait_terminal(head: Head, job_id: str, timeout_s: float) -> str:
+    jobs = client(head)
+    status = wait_until(lambda: (s := str(jobs.get_job_status(job_id).value)) in TERMINAL and s,
+                        timeout_s=timeout_s, interval_s=0.5, what=f"job {job_id} to end")
+    return status
+
+
+def events(head: Head, job_id: str) -> list[dict[str, Any]]:
+    logs = client(head).get_job_logs(job_id)
+    out = []
+    for line in logs.splitlines():
+        if line.startswith("{") and '"event"' in line:
+            out.append(json.loads(line))
+    return out
+
+
+def written(path: pathlib.Path) -> dict[str, Any]:
+    payloads: list[bytes] = []
+    newest: dict[str, int] = {}
+    for f in sorted(path.glob("*.parquet")) if path.exists() else []:
+        t = pq.read_table(f)
+        payloads += t.column("data").to_pylist()
+        for sid, seq in zip(t.column("shard_id").to_pylist(), t.column("sequence_number").to_pylist()):
+            newest[sid] = max(newest.get(sid, 0), int(seq))
+    return {"payloads": payloads, "newest": newest}
+
+
+def publish(endpoint: str, stream: str, n: int) -> set[bytes]:
+    payloads = [f"job-{i}".encode() for i in range(n)]
+    kinesis_client(endpoint).put_records(StreamName=stream, Records=[
+        {"Data": p, "PartitionKey": f"k{i}"} for i, p in enumerate(payloads)])
+    return set(payloads)
+
+
+def job_args(endpoint: str, stream: str, table: str, out: pathlib.Path, *extra: str) -> list[str]:
+    return ["--stream", stream, "--lease-table", table, "--endpoint", endpoint, "--region", "us-east-1",
+            "--test-credentials", "--create-lease-table", "--start-at", "trim_horizon", "--window-s", "0.5",
+            "--sink", f"parquet:{out}", "--lease-duration-s", "6", "--renew-interval-s", "2", *extra]
+
+
+def lease_rows(endpoint: str, table: str, stream: str) -> list[Any]:
+    return DynamoLeaseStore(table, endpoint=endpoint, region="us-east-1", test_credentials=True).list(stream)
+
+
+@pytest.mark.timeout(300)  # ~25 s on an idle 2-core VM; the first test also pays for `ray start`
+def test_job_reads_the_stream_into_parquet_and_exits(head: Head, endpoint: str, unique: str,
+                                                     tmp_path: pathlib.Path) -> None:
+    stream, table, out = f"job-{unique}", f"job-leases-{unique}", tmp_path / "out"
+    create_stream(endpoint, stream, 2)
+    payloads = publish(endpoint, stream, 60)
+    job_id = f"ka-bounded-{unique}"
+    submit(head, job_id, *job_args(endpoint, stream, table, out, "--max-records", "60"))
+    status = wait_terminal(head, job_id, timeout_s=180)
+    log_events = events(head, job_id)
+    assert status == "SUCCEEDED", client(head).get_job_logs(job_id)[-4000:]
+    assert [e["event"] for e in log_events][0] == "started"
+    stopped = log_events[-1]
+    assert stopped["event"] == "stopped" and stopped["reason"] == "max_records" and stopped["exit_code"] == 0
+    files = written(out)
+    assert set(files["payloads"]) == payloads
+    rows = lease_rows(endpoint, table, stream)
+    assert {r.shard_id: int(r.checkpoint) for r in rows} == files["newest"]
+    assert all(r.owner is None for r in rows)  # released at the end: another instance may take them at once
+
+
+@pytest.mark.timeout(300)
+def test_ray_job_stop_closes_the_pipeline_cleanly(head: Head, endpoint: str, unique: str,
+                                                  tmp_path: pathlib.Path) -> None:
+    stream, table, out = f"jobstop-{unique}", f"jobstop-leases-{unique}", tmp_path / "out"
+    create_stream(endpoint, stream, 2)
+    payloads = publish(endpoint, stream, 40)
+    job_id = f"ka-stop-{unique}"
+    submit(head, job_id, *job_args(endpoint, stream, table, out))
+    wait_until(lambda: set(written(out)["payloads"]) == payloads, timeout_s=150, interval_s=0.5,
+               what="every record written by the running job")
+    assert str(client(head).get_job_status(job_id).value) == "RUNNING"
+    stop = head.ray("job", "stop", "--address", head.dashboard, job_id)
+    assert stop.returncode == 0, stop.stderr[-2000:]
+    assert wait_terminal(head, job_id, timeout_s=120) == "STOPPED"
+    logs = client(head).get_job_logs(job_id)
+    assert "received SIGTERM" in logs
+    stopped = [e for e in events(head, job_id) if e["event"] == "stopped"]
+    assert stopped and stopped[-1]["reason"] == "signal" and stopped[-1]["exit_code"] == 0, logs[-4000:]
+    rows = lease_rows(endpoint, table, stream)
+    assert all(r.owner is None for r in rows), rows  # released, not left to expire
+    assert {r.shard_id: int(r.checkpoint) for r in rows} == written(out)["newest"]
