@@ -20,10 +20,12 @@ Balancing (issue 6): the Coordinator heartbeats a presence row every ``renew_int
 :mod:`kinesis_actors.balancing` over the table: it takes free, expired and own leases,
 and below ``ceil(readable shards / live instances)`` asks the most loaded instance for
 a graceful handoff (``lease_next_owner``). That instance's reader checkpoints the batch
-in flight and hands the row over (:meth:`ShardReaderCore._finish_stop`); the row is
-then ours and the next poll (or a quicker pending-handoff check) starts a reader after
-the checkpoint. A request not honoured within ``handoff_timeout_s`` is forced
-(``force_handoff``), like taking an expired lease.
+in flight and hands the row over in one fenced write (never free in between); the row
+is then ours and the next poll re-takes it and starts a reader after the checkpoint. A
+request not honoured within ``handoff_timeout_s`` is forced (``force_handoff``), like
+taking an expired lease. Requests are withdrawn on a clean close. New readers start in
+the background (the poll never waits for a slow actor start) and the Coordinator renews
+their lease until the actor answers, handing it straight over if asked meanwhile.
 
 Resharding: a shard is readable only when every parent that ``ListShards`` still lists
 has checkpoint ``SHARD_END`` in the table (a missing parent row is not a finished

@@ -12,6 +12,7 @@ starved for 2 s loses its lease to an expiry, which is correct but is not a hand
 The join test uses ``KA_BALANCING_SHARDS`` shards (default 6, so that it stays under a
 minute on 2 shared cores: every move starts a new ShardReader actor, about two at a
 time); ``KA_BALANCING_SHARDS=12`` runs the full 12-shard scenario (4 +- 1 each).
+``KA_TRACE=1`` prints the lease counts each time the test checks them.
 """
 
 from __future__ import annotations
