@@ -281,15 +281,29 @@ def _scan_leases(target: Target, table: str, stream: str | None) -> list[dict[st
     return rows
 
 
+def _add_lag(target: Target, rows: Sequence[dict[str, Any]]) -> None:
+    """Set ``row["lag_ms"]``: how far each checkpoint is behind its shard's tip (two Kinesis calls a shard)."""
+    from .metrics import checkpoint_lag_ms
+
+    kinesis = target.settings(fast=True).client("kinesis")
+    for row in rows:
+        try:
+            row["lag_ms"] = checkpoint_lag_ms(kinesis, row["stream"], row["shard_id"], row["checkpoint"])
+        except Exception as exc:  # a deleted stream or shard: show the row anyway
+            log.debug("lag of %s/%s: %r", row["stream"], row["shard_id"], exc)
+            row["lag_ms"] = None
+
+
 def _print_lease_table(console: Any, title: str, rows: Sequence[dict[str, Any]], *, expiry: bool,
                        streams: bool = False) -> None:  # fmt: skip
     from rich import box
     from rich.table import Table
 
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", expand=False)
+    lag = any("lag_ms" in r for r in rows)
     for name in (["stream"] if streams else []) + ["shard", "owner", "counter", "checkpoint"] + (
         ["expiry (UTC)"] if expiry else []
-    ):
+    ) + (["lag (s)"] if lag else []):
         table.add_column(name, justify="right" if name == "counter" else "left", overflow="fold")
     now_ms = time.time() * 1000
     for r in rows:
@@ -303,6 +317,8 @@ def _print_lease_table(console: Any, title: str, rows: Sequence[dict[str, Any]],
                 cells.append(f"{at:%H:%M:%S} ({delta:+.1f} s)")
             else:
                 cells.append("-")
+        if lag:
+            cells.append("-" if r.get("lag_ms") is None else f"{r['lag_ms'] / 1000:.1f}")
         table.add_row(*cells)
     console.print(table)
 
@@ -369,11 +385,15 @@ def emulator(host: str, port: int) -> None:
 @_endpoint_option
 @_region_option
 @_test_credentials_option
+@click.option("--lag/--no-lag", default=True, show_default=True,
+              help="Show how far each checkpoint is behind its shard's tip (2 Kinesis calls a shard).")
 def leases(table: str, stream: str | None, endpoint: str | None, region: str | None,
-           test_credentials: bool | None) -> None:  # fmt: skip
-    """Print a lease table: shard, owner, counter, checkpoint, expiry."""
+           test_credentials: bool | None, lag: bool) -> None:  # fmt: skip
+    """Print a lease table: shard, owner, counter, checkpoint, expiry and lag."""
     target = _resolve_target(endpoint, region, test_credentials)
     rows = _scan_leases(target, table, stream)
+    if lag:
+        _add_lag(target, rows)
     title = f"lease table {table}" + (f", stream {stream}" if stream else "") + f" ({len(rows)} shards)"
     _print_lease_table(_console(), title, rows, expiry=True, streams=stream is None)
 

@@ -258,6 +258,10 @@ def test_publish_and_leases_commands(endpoint: str, unique: str, tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
     row = _lease_rows(proc.stdout)
     assert len(row) == 1 and row[0][:4] == [shard, "owner-a", "2", got[-1]["SequenceNumber"]], proc.stdout
+    assert row[0][-1] == "0.0", "checkpoint at the tip: no lag"
+    store.checkpoint(store.get(stream, shard), got[0]["SequenceNumber"])  # now 1202 records behind
+    proc, _ = run_cli("leases", "--table", table, "--stream", stream, "--endpoint", endpoint, deadline_s=60)
+    assert float(_lease_rows(proc.stdout)[0][-1]) > 0, proc.stdout
 
     proc, _ = run_cli("leases", "--table", f"missing-{unique}", "--endpoint", endpoint, deadline_s=60)
     _assert_one_line_error(proc)
