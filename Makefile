@@ -41,8 +41,8 @@ test-notebooks: install  # notebooks/ run top to bottom with nbclient (outputs s
 test-cluster: install  # cluster/: manifests offline; a real `ray start --head` + `ray job submit` on loopback
 	$(BIN)/python -m pytest tests/cluster $(PYTEST_ARGS)
 
-test: install
-	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+test: install $(KINESALITE)/node_modules/.installed  # everything .ci/run runs, in one pytest session
+	KINESALITE_REQUIRED=1 $(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 bench: install  # benchmarks -> table + bench/results.json (BENCH_ARGS=--quick for a tiny run)
 	$(BIN)/python -m bench $(BENCH_ARGS)
