@@ -323,7 +323,7 @@ def test_killed_coordinator_is_restarted(make_broker: Callable[..., KinesisBroke
     first = publish(conn, stream, "a", 20)
     wait_until(lambda: set(ray.get(sink.payloads.remote())) >= set(first), timeout_s=20)
     ray.kill(sub._coordinator, no_restart=True)
-    wait_until(lambda: sub.coordinator_restarts >= 1, timeout_s=10, what="a new Coordinator")
+    wait_until(lambda: sub.coordinator_restarts >= 1, timeout_s=30, what="a new Coordinator")
     second = publish(conn, stream, "b", 20)
     wait_until(lambda: set(ray.get(sink.payloads.remote())) >= set(second), timeout_s=20)
     sub.close()
