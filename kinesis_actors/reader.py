@@ -345,6 +345,8 @@ class ShardReaderCore:
             if self._iterator is None:
                 return await self._shard_end()
             await self._pace()
+            if self._stopping:  # woken early to stop (close, handoff): no further GetRecords
+                continue
             response = await self._get_records()
             if response is None:
                 continue
@@ -518,17 +520,17 @@ class ShardReaderCore:
 
     # ---------------------------------------------------------------- control
     async def stop(self, *, release: bool = True, grace_s: float = 5.0) -> None:
-        """Stop the loop: a batch being delivered gets ``grace_s`` to be acknowledged (and
-        checkpointed); then the lease is released (unless ``release=False``)."""
+        """Stop the loop at its next step boundary: a batch being delivered gets ``grace_s``
+        to be acknowledged and checkpointed; then the lease is released (unless
+        ``release=False``). The loop is cancelled only if it does not stop within ``grace_s``
+        (cancelling between an acknowledgement and its checkpoint would deliver the batch
+        again to the next owner)."""
         self._stopping = True
         self._release_on_stop = release
         task = self._loop_task
         if task is None or task.done():
             return
-        if self._delivering:
-            deadline = self._clock() + grace_s
-            while self._delivering and self._clock() < deadline and not task.done():
-                await asyncio.sleep(0.02)
+        await asyncio.wait({task}, timeout=grace_s)
         if not task.done():
             task.cancel()
         await asyncio.gather(task, return_exceptions=True)

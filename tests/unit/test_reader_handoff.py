@@ -128,3 +128,23 @@ def test_a_withdrawn_request_releases_instead_of_handing_over() -> None:
         assert row.owner is None and row.checkpoint == str(sink.seqs[-1]), "released after the batch in flight"
 
     asyncio.run(scenario())
+
+
+def test_stop_checkpoints_the_batch_in_flight_before_releasing() -> None:
+    """A clean close is like a handoff to nobody: what was delivered is checkpointed."""
+    async def scenario() -> None:
+        shard, store = FakeShard(100), InProcessLeaseStore()
+        sink = SlowRecorder(0.3)
+        reader = make_reader(shard, store, sink, max_records=10)
+        await reader.open()
+        run = asyncio.create_task(reader.run())
+        deadline = time.monotonic() + 5
+        while not (sink.in_flight and len(sink.seqs) >= 10):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+        await reader.stop(release=True, grace_s=2.0)
+        assert await run == ReaderOutcome.CLOSED
+        row = store.get(STREAM, SHARD)
+        assert row.owner is None and row.checkpoint == str(sink.seqs[-1]) and len(sink.seqs) % 10 == 0
+
+    asyncio.run(scenario())
