@@ -494,9 +494,18 @@ class Subscription:
 
         with self._lock:
             self._closed = True
-        for actor in (self._coordinator, self._queue):
+        # Readers die with their Coordinator (Ray fate sharing), but that can lag by seconds
+        # on a loaded machine while they keep renewing: kill them first, so the crash is whole.
+        try:
+            readers = list(ray.get(self._coordinator.reader_handles.remote(), timeout=10).values())
+        except Exception:
+            readers = []
+        for actor in (*readers, self._coordinator, self._queue):
             if actor is not None:
-                ray.kill(actor, no_restart=True)
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:
+                    pass
         state = self._broker._state
         with state.lock:
             state.subscriptions.pop(self.stream.name, None)
