@@ -138,7 +138,7 @@ class ShardReaderCore:
         self._resume: StartAt | None = None  # where to reopen: after the last acknowledged record
         self._skip_through: tuple[int, int] | None = None  # drop records at or before this position
         self._seek_to: StartAt | None = None
-        self._delivering = False
+        self._throttled = 0  # GetRecords throttled in a row (backoff exponent)
         self._loop_task: asyncio.Task[str] | None = None
         self._renew_task: asyncio.Task[None] | None = None
         self._next_call_at = 0.0
@@ -421,7 +421,7 @@ class ShardReaderCore:
                 return None
             if is_throttling(e):
                 self.stats["throttles"] += 1
-                self._throttled = getattr(self, "_throttled", 0) + 1
+                self._throttled += 1
                 # never sooner than the 0.2 s spacing already due: <= 5 calls/s whatever the backoff
                 self._next_call_at = max(self._next_call_at, self._clock() + self._backoff(self._throttled))
                 return None
@@ -469,7 +469,6 @@ class ShardReaderCore:
     async def _deliver_with_retries(self, batch: list[Record]) -> None:
         attempt = 0
         while True:
-            self._delivering = True
             try:
                 await self._await_alive(self._deliver(batch))
                 return
@@ -488,9 +487,7 @@ class ShardReaderCore:
                     raise SinkError(f"the sink refused a batch of shard {self.spec.shard_id} {attempt} times: {e!r:.300}") from e
                 pause = min(10.0, 0.1 * 2 ** (attempt - 1))
                 log.info("shard %s: sink failed (%r); retry %d in %.1f s", self.spec.shard_id, e, attempt, pause)
-                await asyncio.sleep(pause)
-            finally:
-                self._delivering = False
+                await self._sleep_alive(pause)  # a failing downstream keeps the lease, like a slow one
 
     # ---------------------------------------------------------------- renew
     async def _renew_loop(self) -> None:

@@ -264,3 +264,14 @@ def test_resume_inside_a_kpl_aggregate_after_a_partial_ack() -> None:
     asyncio.run(run_until(reader2, lambda: len(second.batches) >= 1))
     assert [r.data for b in second.batches for r in b] == [b"user-4", b"user-5"]
     assert [r.sub_sequence_number for b in second.batches for r in b] == [4, 5]
+
+
+def test_a_failing_sink_in_long_backoff_keeps_the_lease() -> None:
+    # Backoffs 0.1, 0.2, 0.4, 0.8 s: the last is longer than the 0.5 s lease. The loop is alive
+    # (handling an error), so it must keep renewing and deliver once the sink recovers.
+    shard, store = FakeShard(3), InProcessLeaseStore()
+    sink = Recorder(fail_first=4)
+    reader = make_reader(shard, store, sink, lease_duration_s=0.5, max_sink_retries=10)
+    outcome = asyncio.run(run_until(reader, lambda: len(sink.seqs) == 3, timeout_s=10))
+    assert outcome == ReaderOutcome.CLOSED and sink.seqs == [1, 2, 3]
+    assert store.get(STREAM, SHARD).checkpoint == "3"
