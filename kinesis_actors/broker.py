@@ -475,16 +475,7 @@ class Subscription:
             except Exception as e:
                 log.warning("%s: closing the Coordinator failed (%r); leases will expire", self.stream.name, e)
         finally:
-            for actor in (self._coordinator, self._queue):
-                if actor is not None:
-                    try:
-                        ray.kill(actor, no_restart=True)
-                    except Exception:
-                        pass
-            state = self._broker._state
-            with state.lock:
-                if state.subscriptions.get(self.stream.name) is self:
-                    del state.subscriptions[self.stream.name]
+            self._discard(self._coordinator, self._queue)
         if self._error is not None:
             raise self._error
 
@@ -500,7 +491,13 @@ class Subscription:
             readers = list(ray.get(self._coordinator.reader_handles.remote(), timeout=10).values())
         except Exception:
             readers = []
-        for actor in (*readers, self._coordinator, self._queue):
+        self._discard(*readers, self._coordinator, self._queue)
+
+    def _discard(self, *actors: Any) -> None:
+        """Kill ``actors`` (None and already-dead ones are fine) and forget this subscription."""
+        import ray
+
+        for actor in actors:
             if actor is not None:
                 try:
                     ray.kill(actor, no_restart=True)
@@ -508,7 +505,8 @@ class Subscription:
                     pass
         state = self._broker._state
         with state.lock:
-            state.subscriptions.pop(self.stream.name, None)
+            if state.subscriptions.get(self.stream.name) is self:
+                del state.subscriptions[self.stream.name]
 
     def __enter__(self) -> "Subscription":
         return self
