@@ -41,6 +41,8 @@ class PullQueueCore:
         return self._changed
 
     async def process_batch(self, records: list[Record]) -> None:
+        """Called by a reader: queue ``records`` (one shard's batch) and return once the driver
+        acknowledges it (``next`` or ``ack``). Never raises; a reader that stops cancels its wait."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append((next(self._ids), records, future))
         self._event().set()
@@ -56,6 +58,12 @@ class PullQueueCore:
         return True
 
     async def next(self, timeout_s: float, ack_previous: bool = True) -> list[Record] | None:
+        """Called by the driver: acknowledge the batch handed out before (if ``ack_previous``),
+        then return the next batch, or None after ``timeout_s`` seconds.
+
+        Raises:
+            The error given to :meth:`fail` (the subscription's fatal error).
+        """
         if ack_previous:
             self.ack()
         loop = asyncio.get_running_loop()
@@ -80,13 +88,16 @@ class PullQueueCore:
                 pass
 
     def fail(self, error: BaseException) -> None:
+        """Park the subscription's fatal error: every later ``next`` raises it."""
         self._error = error
         self._event().set()
 
     def error(self) -> BaseException | None:
+        """The parked fatal error, or None."""
         return self._error
 
     def pending(self) -> int:
+        """How many batches wait for the driver (at most one per shard)."""
         return len(self._waiting)
 
 
