@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -444,14 +445,68 @@ class ShardReaderCore:
     async def _deliver_and_checkpoint(self, batch: list[Record]) -> None:
         if not batch:
             return
+        await self._confirm_lease()
         await self._deliver_with_retries(batch)
         last = batch[-1]
-        await self._write("checkpoint", last.sequence_number, sub_sequence=last.sub_sequence_number)
+        await self._checkpoint(last.sequence_number, last.sub_sequence_number)
         self.stats["checkpoint"] = last.sequence_number
         self._set_resume(StartAt.after_sequence_number(last.sequence_number, last.sub_sequence_number))
         self.stats["records"] += len(batch)
         self.stats["bytes"] += sum(len(r.data) for r in batch)
         self.stats["batches"] += 1
+
+    def _lease_in_doubt(self) -> bool:
+        """True when the last successful store write is older than ``renew_deadline_s``: the
+        lease may have lapsed (a paused process, a long outage) and another owner may read."""
+        return self._clock() - self._last_write > self.spec.renew_deadline_s
+
+    async def _confirm_lease(self) -> None:
+        """Before handing a batch downstream: if the lease is in doubt, renew it first (a
+        conditional write). A zombie (e.g. a process resumed after SIGSTOP) is fenced here
+        and delivers nothing; a live reader pays one write only after a long silence.
+
+        Raises:
+            LeaseLostError: the renewal was refused, or the store stays unreachable past
+            the deadline (the reader then stops without writing).
+        """
+        if not self._lease_in_doubt():
+            return
+        try:
+            await self._write("renew")
+        except LeaseLostError:
+            raise
+        except Exception as e:
+            self._mark_lost(f"lease in doubt and the store unreachable ({e!r:.200})")
+            raise LeaseLostError(f"lease {self._lease.key} in doubt; not delivering") from e
+
+    async def _checkpoint(self, sequence_number: str, sub_sequence: int | None) -> None:
+        """Write the checkpoint of an acknowledged batch. A transient store error (throttled,
+        unreachable) is retried with backoff for up to ``renew_deadline_s`` (and only while
+        the lease is not in doubt); then the reader stops as a lost lease, writing nothing
+        more (the lease expires; the next owner re-delivers the batch).
+
+        Raises:
+            LeaseLostError: refused (fenced) or given up at the deadline.
+            KinesisError: a non-retriable store error.
+        """
+        attempt, first_failure = 0, None
+        while True:
+            try:
+                await self._write("checkpoint", sequence_number, sub_sequence=sub_sequence)
+                return
+            except LeaseLostError:
+                raise
+            except KinesisError as e:
+                if not e.retriable:
+                    raise
+                attempt += 1
+                now = self._clock()
+                first_failure = now if first_failure is None else first_failure
+                if self._lease_in_doubt() or now - first_failure > self.spec.renew_deadline_s:
+                    self._mark_lost(f"checkpoint failing past the deadline ({e!r:.200})")
+                    raise LeaseLostError(f"lease {self._lease.key}: checkpoint not written by the deadline") from e
+                log.info("shard %s: checkpoint failed (%r); retry %d", self.spec.shard_id, e, attempt)
+                await self._sleep_alive(min(self._backoff(attempt), self.spec.renew_interval_s))
 
     async def _await_alive(self, awaitable: Awaitable[Any]) -> Any:
         """Await the downstream while stamping the heartbeat, so a slow sink keeps the lease."""
@@ -579,6 +634,8 @@ def _make_ray_actor() -> Any:
                 return await getattr(sink, spec.sink_method).remote(records)
 
             self.core = ShardReaderCore(spec, lease, store, deliver, kinesis)
+            # Where this reader runs, for operators and chaos tests (``Subscription.stats()``).
+            self.core.stats.update(node_id=ray.get_runtime_context().get_node_id(), pid=os.getpid())
 
         async def open(self, lease: Lease | None = None) -> None:
             await self.core.open(lease)

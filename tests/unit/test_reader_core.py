@@ -12,7 +12,7 @@ from botocore.exceptions import ClientError
 
 from kinesis_actors import SHARD_END, LeaseLostError, SinkError, StartAt
 from kinesis_actors.reader import ReaderOutcome, ReaderSpec, ShardReaderCore
-from kinesis_actors.testing import InProcessLeaseStore
+from kinesis_actors.testing import FlakyLeaseStore, InProcessLeaseStore
 
 STREAM, SHARD = "s", "shardId-000000000000"
 
@@ -275,3 +275,63 @@ def test_a_failing_sink_in_long_backoff_keeps_the_lease() -> None:
     outcome = asyncio.run(run_until(reader, lambda: len(sink.seqs) == 3, timeout_s=10))
     assert outcome == ReaderOutcome.CLOSED and sink.seqs == [1, 2, 3]
     assert store.get(STREAM, SHARD).checkpoint == "3"
+
+
+def test_a_checkpoint_that_fails_transiently_is_retried_not_fatal() -> None:
+    # The lease table is briefly unreachable: the checkpoint of an acknowledged batch is
+    # retried (a network error is not a lost lease) and reading goes on.
+    shard, inner = FakeShard(30), InProcessLeaseStore()
+    store = FlakyLeaseStore(inner, "checkpoint", nth=2, times=3)
+    sink = Recorder()
+    reader = make_reader(shard, store, sink, max_records=10)
+    outcome = asyncio.run(run_until(reader, lambda: inner.get(STREAM, SHARD).checkpoint == "30"))
+    assert outcome == ReaderOutcome.CLOSED and store.failures == 3
+    assert sink.seqs == list(range(1, 31))
+
+
+def test_a_checkpoint_failing_past_the_deadline_stops_without_writing() -> None:
+    shard, inner = FakeShard(5), InProcessLeaseStore()
+    store = FlakyLeaseStore(inner, "checkpoint", nth=1, times=10_000)
+    sink = Recorder()
+    reader = make_reader(shard, store, sink, lease_duration_s=0.6)
+    outcome = asyncio.run(run_until(reader, lambda: False, timeout_s=5))
+    assert outcome == ReaderOutcome.LOST
+    assert sink.seqs == [1, 2, 3, 4, 5]  # delivered once, never checkpointed: the next owner re-delivers
+    row = inner.get(STREAM, SHARD)
+    assert row.checkpoint is None and row.owner == "me"  # stopped without writing (not even a release)
+
+
+def test_a_reader_resumed_after_a_pause_delivers_nothing_once_fenced() -> None:
+    # A zombie: the process is paused (SIGSTOP) between GetRecords and delivery for longer
+    # than the lease; another owner takes the shard meanwhile. On resuming, the reader must
+    # not hand the batch it holds downstream.
+    offset = [0.0]
+    shard, store, sink = FakeShard(3), InProcessLeaseStore(clock=lambda: time.monotonic() + offset[0]), Recorder()
+    reader = make_reader(shard, store, sink, lease_duration_s=1.0)
+    reader._clock = lambda: time.monotonic() + offset[0]
+    get_records = shard.get_records
+
+    def paused_get_records(**kw: Any) -> dict[str, Any]:
+        out = get_records(**kw)
+        if out["Records"] and int(out["Records"][0]["SequenceNumber"]) > 3:  # the batch after the first
+            thief = store.peer()
+            row = thief.get(STREAM, SHARD)
+            assert thief._update(row.key, row.owner, row.counter,
+                                 {"lease_owner": "thief", "lease_counter": row.counter + 1}) is not None
+            offset[0] += 5.0  # the pause: five lease durations pass at once
+        return out
+
+    shard.get_records = paused_get_records  # type: ignore[method-assign]
+
+    async def scenario() -> str:
+        await reader.open()
+        task = asyncio.create_task(reader.run())
+        while len(sink.seqs) < 3:
+            await asyncio.sleep(0.01)
+        shard.add(3)
+        return await asyncio.wait_for(task, 3.0)
+
+    assert asyncio.run(scenario()) == ReaderOutcome.LOST
+    assert sink.seqs == [1, 2, 3]
+    row = store.get(STREAM, SHARD)
+    assert row.owner == "thief" and row.checkpoint == "3"
