@@ -40,6 +40,7 @@ __all__ = ["KinesisBroker", "Subscription", "SeekHandle"]
 log = logging.getLogger(__name__)
 
 _RAY_CALL_TIMEOUT_S = 60.0
+_FIRST_PASS_ATTEMPTS = 3  # Coordinators started for one first pass before subscribe() gives up
 
 
 def _unwrap(e: BaseException) -> BaseException:
@@ -288,15 +289,38 @@ class Subscription:
 
     # ------------------------------------------------------------------ coordinator
     def _spawn_coordinator(self) -> None:
+        """Start a Coordinator (``stream.coordinator_options``) and wait for its first pass.
+
+        A Coordinator that dies during that pass (process killed, node lost: Ray's
+        ``RayActorError``) is replaced, up to ``_FIRST_PASS_ATTEMPTS`` times in all; the new
+        one re-takes the leases this owner already took, so nothing waits for their expiry.
+
+        Raises:
+            ray.exceptions.RayActorError: every attempt died. GetTimeoutError: the first
+            pass took longer than ``start_timeout_s``.
+        """
         import ray
+        import ray.exceptions as rex
 
         from .coordinator import Coordinator
 
         broker = self._broker
-        coordinator = Coordinator.remote(self.stream, self._aws, self._store, self.owner_id,
-                                         broker.lease_duration_s, broker.renew_interval_s, self._sink, self._queue)
-        ray.get(coordinator.start.remote(), timeout=self._start_timeout_s)
-        self._coordinator = coordinator
+        options = self.stream.coordinator_actor_options()
+        for attempt in range(1, _FIRST_PASS_ATTEMPTS + 1):
+            coordinator = Coordinator.options(**options).remote(
+                self.stream, self._aws, self._store, self.owner_id, broker.lease_duration_s,
+                broker.renew_interval_s, self._sink, self._queue)
+            try:
+                ray.get(coordinator.start.remote(), timeout=self._start_timeout_s)
+            except rex.RayActorError as e:
+                ray.kill(coordinator, no_restart=True)
+                if attempt == _FIRST_PASS_ATTEMPTS:
+                    raise
+                log.warning("%s: the Coordinator died during its first pass (%s); starting another",
+                            self.stream.name, type(e).__name__)
+                continue
+            self._coordinator = coordinator
+            return
 
     def _watch(self) -> None:
         import ray

@@ -74,6 +74,10 @@ class KinesisStream:
         reader_options: Ray actor options for each ``ShardReader`` (``num_cpus``,
             ``resources``, ``scheduling_strategy``, ``memory``, ``runtime_env``...).
             Defaults: ``num_cpus=0``, ``scheduling_strategy="SPREAD"``.
+        coordinator_options: Ray actor options for the ``Coordinator`` (same keys), e.g.
+            ``{"resources": {"on_demand": 0.01}}`` to keep it off spot nodes. Default
+            ``num_cpus=0`` and Ray's default placement. A Coordinator on a lost node is
+            restarted by the subscription's handle, so pinning it only avoids that restart.
         max_sink_retries: attempts after the first failed delivery of a batch before
             the subscription fails with ``SinkError`` (5).
         sink_method: name of the sink actor's method called with each batch ("process_batch").
@@ -95,6 +99,7 @@ class KinesisStream:
     max_records: int = 10_000
     idle_wait_s: float = 0.25
     reader_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    coordinator_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     max_sink_retries: int = 5
     sink_method: str = "process_batch"
     dead_letter: Any = None
@@ -122,12 +127,20 @@ class KinesisStream:
             raise InvalidError(f"max_sink_retries must be an int >= 0, got {self.max_sink_retries!r}")
         if not isinstance(self.sink_method, str) or not self.sink_method.isidentifier():
             raise InvalidError(f"sink_method must be a method name, got {self.sink_method!r}")
-        unknown = set(self.reader_options) - _READER_OPTION_KEYS
-        if unknown:
-            raise InvalidError(f"unknown reader_options {sorted(unknown)}; allowed: {sorted(_READER_OPTION_KEYS)}")
+        for what in ("reader_options", "coordinator_options"):
+            options = getattr(self, what)
+            if not isinstance(options, Mapping):
+                raise InvalidError(f"{what} must be a mapping of Ray actor options, got {options!r}")
+            unknown = set(options) - _READER_OPTION_KEYS
+            if unknown:
+                raise InvalidError(f"unknown {what} {sorted(unknown)}; allowed: {sorted(_READER_OPTION_KEYS)}")
         if self.dead_letter is not None and not callable(getattr(self.dead_letter, "put_many", None)):
             raise InvalidError(f"dead_letter must be a Publisher (with put_many), got {self.dead_letter!r}")
 
     def actor_options(self) -> dict[str, Any]:
         """Ray ``.options()`` for a ShardReader: defaults ``num_cpus=0``, ``SPREAD``, then ``reader_options``."""
         return {"num_cpus": 0, "scheduling_strategy": "SPREAD", **dict(self.reader_options)}
+
+    def coordinator_actor_options(self) -> dict[str, Any]:
+        """Ray ``.options()`` for the Coordinator: ``num_cpus=0``, then ``coordinator_options``."""
+        return {"num_cpus": 0, **dict(self.coordinator_options)}
