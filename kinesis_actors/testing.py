@@ -157,6 +157,8 @@ class Fault:
             long delay, a call that is stuck whatever the client's timeout says).
         hang: no answer at all: the call waits out the client's read timeout and fails with
             botocore's ``ReadTimeoutError``, as a hung connection does.
+        refuse: the endpoint is down: the call fails at once with botocore's
+            ``EndpointConnectionError`` (which botocore retries as a network error).
         service: the botocore service the rule applies to (``"kinesis"``).
     """
 
@@ -167,6 +169,7 @@ class Fault:
     times: int | None = None
     delay_s: float = 0.0
     hang: bool = False
+    refuse: bool = False
     service: str = "kinesis"
 
     def __post_init__(self) -> None:
@@ -359,9 +362,13 @@ class FaultInjector:
                 return None
             fault = self._pick(state, service, operation, shard)
             self._log(service, operation, shard, None if fault is None else
-                      ("hang" if fault.hang else fault.error or "delay"))
+                      ("refuse" if fault.refuse else "hang" if fault.hang else fault.error or "delay"))
             if fault is None:
                 return None
+            if fault.refuse:
+                from botocore.exceptions import EndpointConnectionError
+
+                raise EndpointConnectionError(endpoint_url=request.url)
             if fault.delay_s:
                 time.sleep(fault.delay_s)
             if fault.hang:
@@ -433,17 +440,28 @@ class FaultInjector:
         return AWSResponse(request.url, _ERROR_STATUS.get(code, 400), headers, _Raw(body.encode()))
 
 
-def with_faults(broker: Any, injector: FaultInjector | None) -> Any:
+def with_faults(broker: Any, injector: FaultInjector | None, *, lease_store: bool = False) -> Any:
     """Give a not-yet-connected ``KinesisBroker`` a fault injector; returns the broker.
 
     Every Kinesis client built for it (the driver's, the Coordinator's and each
     ShardReader's) then carries the injector's hooks. The lease store keeps its own
-    settings (no faults).
+    settings (no faults) unless ``lease_store=True``: then every DynamoDB client of its
+    ``DynamoLeaseStore`` (in every process) carries them too, and rules with
+    ``service="dynamodb"`` reach the lease table (e.g. ``Fault("*", service="dynamodb",
+    refuse=True)``: the table unreachable).
 
     Raises:
-        ValueError: the broker is already connected.
+        ValueError: the broker is already connected, or ``lease_store=True`` without a
+        ``DynamoLeaseStore``.
     """
     if broker._state.aws is not None:
         raise ValueError("with_faults() must be applied before connect()")
     broker._aws = dataclasses.replace(broker._aws, faults=injector)
+    if lease_store:
+        from .leases.dynamodb import DynamoLeaseStore
+
+        store = broker._lease_store
+        if not isinstance(store, DynamoLeaseStore):
+            raise ValueError(f"with_faults(lease_store=True) needs a DynamoLeaseStore, got {store!r}")
+        store._faults = injector
     return broker

@@ -171,6 +171,7 @@ class DynamoLeaseStore(BaseLeaseStore):
         self._test_credentials = test_credentials
         self._session = session
         self._inherited: AwsSettings | None = None
+        self._faults: Any = None  # tests only: kinesis_actors.testing.with_faults(..., lease_store=True)
         self._scan_page_size = scan_page_size
         super().__init__(clock=clock, wall_clock=wall_clock)
 
@@ -244,11 +245,11 @@ class DynamoLeaseStore(BaseLeaseStore):
             own = dataclasses.replace(
                 own, test_credentials=False, credentials=credentials, region=own.region or session_region
             )
-        if self._inherited is None:
-            return own
-        merged = own.merged_over(self._inherited)
-        if self._test_credentials is False or frozen is not None:
+        merged = own if self._inherited is None else own.merged_over(self._inherited)
+        if self._inherited is not None and (self._test_credentials is False or frozen is not None):
             merged = dataclasses.replace(merged, test_credentials=False)
+        if getattr(self, "_faults", None) is not None:
+            merged = dataclasses.replace(merged, faults=self._faults)
         return merged
 
     # ------------------------------------------------------------------ client and table
