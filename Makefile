@@ -6,7 +6,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: install demo test test-fast test-integration test-kinesalite test-notebooks test-cluster bench clean
+.PHONY: install demo test test-fast test-integration test-kinesalite test-notebooks test-cluster test-chaos bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -41,8 +41,12 @@ test-notebooks: install  # notebooks/ run top to bottom with nbclient (outputs s
 test-cluster: install  # cluster/: manifests offline; a real `ray start --head` + `ray job submit` on loopback
 	$(BIN)/python -m pytest tests/cluster $(PYTEST_ARGS)
 
-test: install $(KINESALITE)/node_modules/.installed  # everything .ci/run runs, in one pytest session
+test-chaos: install  # tests/chaos: kill readers, Coordinators, nodes, drivers on a multi-node Ray cluster -> bench/chaos.json
+	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
+
+test: install $(KINESALITE)/node_modules/.installed  # everything .ci/run runs: one pytest session, then the chaos suite's own
 	KINESALITE_REQUIRED=1 $(BIN)/python -m pytest tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
 bench: install  # benchmarks -> table + bench/results.json (BENCH_ARGS=--quick for a tiny run)
 	$(BIN)/python -m bench $(BENCH_ARGS)

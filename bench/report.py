@@ -1,5 +1,6 @@
 """``python -m bench.report [--key] [results.json]``: the Markdown table of a results file (``--key``: the
-figures the README shows)."""
+figures the README shows). ``python -m bench.report --chaos [chaos.json]``: the chaos suite's table
+(``make test-chaos`` writes ``bench/chaos.json``)."""
 
 from __future__ import annotations
 
@@ -53,10 +54,51 @@ def markdown(data: dict, key_only: bool = False) -> str:
     return "\n".join(lines)
 
 
+# The figure of each chaos scenario the table shows besides lost/duplicated/gaps/recovery.
+CHAOS_KEY = {
+    "1_sigkill_readers": ("kills", "SIGKILLs"),
+    "2_remove_node_graceful": ("old_readers_exited_after_s", "s until the removed node's readers exited"),
+    "2_remove_node_sigkill": ("old_readers_exited_after_s", "s until the removed node's readers exited"),
+    "3a_sigkill_coordinator": ("old_readers_exited_after_s", "s until the old readers exited (fate sharing)"),
+    "3b_sigkill_coordinator_first_pass": ("readers_alive_at_kill", "readers alive at the kill"),
+    "4_sigkill_driver_process": ("take_after_kill_s", "s until the survivor took the leases"),
+    "5_zombie_sigstop": ("zombie_reader_last_call_after_resume_s", "s until the zombie's readers stopped calling AWS"),
+    "6_downstream_stall": ("longest_renewal_gap_s", "s longest gap between renewals"),
+    "7_lease_table_unreachable": ("retaken_after_return_s", "s until every shard re-taken"),
+}
+
+CHAOS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chaos.json")
+
+
+def chaos_markdown(data: dict) -> str:
+    """The chaos suite's table: one row per scenario, from ``bench/chaos.json``."""
+    m = data.get("machine", {})
+    lines = [
+        f"Measured {data.get('date')} on {m.get('cores')} cores (Python {m.get('python')}, Ray {m.get('ray')}, "
+        f"moto {m.get('moto')}; `make test-chaos`, {data.get('session_s')} s in all; load average at the end "
+        f"{data.get('load_average_1min_at_end')}).",
+        "",
+        "| scenario | published | lost | duplicated | gaps | recovery (s) | key figure |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, v in sorted(data.get("scenarios", {}).items()):
+        key, label = CHAOS_KEY.get(name, (None, ""))
+        figure = v.get("figures", {}).get(key) if key else None
+        rec = "" if v.get("recovery_s") is None else fmt(v["recovery_s"])
+        lines.append(f"| {name} | {v['published']:,} | {v['lost']} | {v['duplicated']:,} | {len(v['gaps'])} | {rec} | "
+                     f"{'' if figure is None else fmt(figure)} {label if figure is not None else ''} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     key_only = "--key" in args
-    args = [a for a in args if a != "--key"]
+    chaos = "--chaos" in args
+    args = [a for a in args if a not in ("--key", "--chaos")]
+    if chaos:
+        with open(args[0] if args else CHAOS_PATH) as f:
+            print(chaos_markdown(json.load(f)))
+        return 0
     path = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.json")
     with open(path) as f:
         print(markdown(json.load(f), key_only=key_only))

@@ -10,6 +10,7 @@ for _name, _value in (("RAY_AUTH_MODE", "disabled"), ("RAY_USAGE_STATS_ENABLED",
     os.environ.setdefault(_name, _value)
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import dataclasses  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -167,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
         section("demo", demo.run)
     res.write(a.out)
     print(res.table())
+    from .report import CHAOS_PATH, chaos_markdown
+
+    if os.path.exists(CHAOS_PATH):  # the chaos suite's figures (make test-chaos), reported beside ours
+        with open(CHAOS_PATH) as f:
+            print("\nChaos suite (bench/chaos.json, from `make test-chaos`):\n" + chaos_markdown(json.load(f)))
     for n in res.notes:
         print(f"note: {n}")
     for name, err in res.errors.items():

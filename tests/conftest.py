@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,19 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+_CHAOS = Path(__file__).resolve().parent / "chaos"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """tests/chaos runs only when named (``make test-chaos``): its multi-node Ray cluster
+    cannot share a driver with the Ray session the other tests use."""
+    path = Path(collection_path).resolve()
+    if path != _CHAOS and _CHAOS not in path.parents:
+        return None
+    named = [Path(str(a).split("::")[0]).resolve() for a in config.args]
+    return None if any(a == _CHAOS or _CHAOS in a.parents for a in named) else True
 
 
 @pytest.fixture(autouse=True)

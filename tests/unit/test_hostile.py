@@ -77,6 +77,30 @@ def test_fault_injector_hang_and_botocore_retries(tmp_path: Path) -> None:
     assert len(faults.calls("ListShards")) == 3, "a throttle is retried by botocore like a real one"
 
 
+def test_refuse_is_an_endpoint_that_is_down_and_reaches_the_lease_store(tmp_path: Path) -> None:
+    from botocore.exceptions import EndpointConnectionError
+
+    from kinesis_actors import DynamoLeaseStore, KinesisBroker, LeaseStoreError, MemoryLeaseStore
+    from kinesis_actors.testing import with_faults
+
+    faults = FaultInjector.create(tmp_path)
+    faults.set(Fault("*", service="dynamodb", refuse=True))
+    dynamodb = AwsSettings(endpoint=NOWHERE, test_credentials=True, faults=faults).client("dynamodb", max_attempts=0)
+    with pytest.raises(EndpointConnectionError):
+        dynamodb.list_tables()
+    assert [(c.service, c.operation, c.fault) for c in faults.calls()] == [("dynamodb", "ListTables", "refuse")]
+    # with_faults(lease_store=True): the store's own client (in any process) carries the hooks
+    broker = with_faults(KinesisBroker(endpoint=NOWHERE, test_credentials=True,
+                                       lease_store=DynamoLeaseStore("leases")), faults, lease_store=True)
+    store = pickle.loads(pickle.dumps(broker._lease_store.bind(broker._aws)))
+    with pytest.raises(LeaseStoreError):
+        store.get("s", "shardId-0")
+    store_calls = [(c.service, c.operation, c.fault) for c in faults.calls()][1:]
+    assert len(store_calls) >= 2 and set(store_calls) == {("dynamodb", "DescribeTable", "refuse")}  # retried by botocore
+    with pytest.raises(ValueError):
+        with_faults(KinesisBroker(lease_store=MemoryLeaseStore()), faults, lease_store=True)
+
+
 def test_clients_without_an_injector_carry_no_hook(tmp_path: Path) -> None:
     plain = AwsSettings(endpoint=NOWHERE, test_credentials=True).client("kinesis")
     hooked = AwsSettings(endpoint=NOWHERE, test_credentials=True, faults=FaultInjector.create(tmp_path)).client("kinesis")

@@ -42,6 +42,7 @@ def test_resume_inside_an_aggregate_uses_at_sequence_number() -> None:
     {"create_if_missing": 0}, {"create_if_missing": True}, {"shard_sync_interval_s": 0}, {"lease_poll_interval_s": -1},
     {"max_records": 10_001}, {"max_leases": 0}, {"reader_options": {"bogus": 1}}, {"sink_method": "not a name"},
     {"start_at": "LATEST"}, {"start_at": StartAt.at_sequence_number("1")}, {"max_sink_retries": -1},
+    {"coordinator_options": {"max_restarts": 3}}, {"coordinator_options": "head"},
 ])
 def test_kinesis_stream_validation(kwargs: dict) -> None:
     with pytest.raises(InvalidError):
@@ -52,6 +53,9 @@ def test_kinesis_stream_defaults_and_actor_options() -> None:
     cfg = KinesisStream("orders", reader_options={"resources": {"reader": 1}})
     assert (cfg.shard_sync_interval_s, cfg.lease_poll_interval_s, cfg.max_leases_to_steal) == (10.0, 2.0, 1)
     assert cfg.actor_options() == {"num_cpus": 0, "scheduling_strategy": "SPREAD", "resources": {"reader": 1}}
+    assert cfg.coordinator_actor_options() == {"num_cpus": 0}
+    pinned = KinesisStream("orders", coordinator_options={"resources": {"head": 0.01}})
+    assert pinned.coordinator_actor_options() == {"num_cpus": 0, "resources": {"head": 0.01}}
     with pytest.raises(TypeError):
         KinesisStream("orders", 4)  # type: ignore[misc]  # only the name is positional
 
