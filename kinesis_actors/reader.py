@@ -129,7 +129,11 @@ class ShardReaderCore:
         self._kinesis = kinesis
         self._clock = clock
         self._write_lock = asyncio.Lock()
-        self._last_write = clock()
+        # When the last successful store write was SENT (monotonic s): the lease is valid from
+        # then, not from when the answer came back (a write applied during a pause of this
+        # process must not make the lease look fresh). The lease given here was written by
+        # the Coordinator at most one renew interval ago; assume the worst.
+        self._last_write = clock() - spec.renew_interval_s
         self._beat = clock()
         self._lost = False
         self._stopping = False
@@ -162,21 +166,23 @@ class ShardReaderCore:
                 raise LeaseLostError(f"lease {self._lease.key} was lost; not writing")
             # A write already sent must update our Lease even if we are cancelled meanwhile,
             # or the next write (the release at close) would carry a stale counter.
+            sent = self._clock()
             write = asyncio.ensure_future(asyncio.to_thread(getattr(self._store, op), self._lease, *args, **kwargs))
             try:
                 new = await asyncio.shield(write)
             except asyncio.CancelledError:
                 try:
-                    self._applied(await write)
+                    self._applied(await write, sent)
                 except BaseException:
                     pass
                 raise
             except LeaseLostError:
                 self._mark_lost(f"{op} refused: the lease changed owner or counter")
                 raise
-            return self._applied(new)
+            return self._applied(new, sent)
 
-    def _applied(self, new: Lease | None) -> Lease:
+    def _applied(self, new: Lease | None, sent: float) -> Lease:
+        """Adopt the Lease a write returned; ``sent``: when that write was sent (monotonic s)."""
         if new is not None:
             self._lease = new
             self.stats["lease_counter"] = new.counter
@@ -186,7 +192,7 @@ class ShardReaderCore:
                 self._stopping = True  # the loop finishes the batch in flight, then hands over
                 log.info("shard %s: %s asked for this lease; handing over after the batch in flight",
                          self.spec.shard_id, asker)
-        self._last_write = self._clock()
+        self._last_write = max(self._last_write, sent)
         return self._lease
 
     def _mark_lost(self, why: str) -> None:
@@ -223,7 +229,8 @@ class ShardReaderCore:
         """
         if (lease is not None and lease.key == self._lease.key and lease.owner == self._lease.owner
                 and lease.counter > self._lease.counter):
-            self._applied(lease)
+            # renewed by the Coordinator while this actor started, at most one interval ago
+            self._applied(lease, self._clock() - self.spec.renew_interval_s)
         position = self._position()
         if self._lease.checkpoint == SHARD_END:
             self._iterator = None

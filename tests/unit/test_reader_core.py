@@ -335,3 +335,26 @@ def test_a_reader_resumed_after_a_pause_delivers_nothing_once_fenced() -> None:
     assert sink.seqs == [1, 2, 3]
     row = store.get(STREAM, SHARD)
     assert row.owner == "thief" and row.checkpoint == "3"
+
+
+def test_lease_validity_counts_from_when_a_write_was_sent() -> None:
+    # The process is paused right after sending a renewal; the store applies it, the answer
+    # is read after the pause. The lease must be judged from the send time, so it is in doubt.
+    offset = [0.0]
+    inner = InProcessLeaseStore()
+
+    class PausedAfterSend:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
+
+        def renew(self, lease: Any, **kw: Any) -> Any:
+            out = inner.renew(lease, **kw)
+            offset[0] += 5.0  # the pause
+            return out
+
+    shard, sink = FakeShard(1), Recorder()
+    reader = make_reader(shard, inner, sink, lease_duration_s=1.0)
+    reader._store = PausedAfterSend()
+    reader._clock = lambda: time.monotonic() + offset[0]
+    asyncio.run(reader._write("renew"))
+    assert reader._lease_in_doubt()
