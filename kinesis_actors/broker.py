@@ -289,11 +289,17 @@ class Subscription:
 
     # ------------------------------------------------------------------ coordinator
     def _spawn_coordinator(self) -> None:
-        """Start a Coordinator (``stream.coordinator_options``) and wait for its first pass.
+        """Start the first Coordinator (see :meth:`_start_coordinator`) and keep its handle."""
+        self._coordinator = self._start_coordinator()
+
+    def _start_coordinator(self) -> Any:
+        """Start a Coordinator (``stream.coordinator_options``), wait for its first pass and
+        return its handle.
 
         A Coordinator that dies during that pass (process killed, node lost: Ray's
         ``RayActorError``) is replaced, up to ``_FIRST_PASS_ATTEMPTS`` times in all; the new
         one re-takes the leases this owner already took, so nothing waits for their expiry.
+        Each replacement counts in ``coordinator_restarts``.
 
         Raises:
             ray.exceptions.RayActorError: every attempt died. GetTimeoutError: the first
@@ -318,9 +324,10 @@ class Subscription:
                     raise
                 log.warning("%s: the Coordinator died during its first pass (%s); starting another",
                             self.stream.name, type(e).__name__)
+                self.coordinator_restarts += 1
                 continue
-            self._coordinator = coordinator
-            return
+            return coordinator
+        raise AssertionError("unreachable")
 
     def _watch(self) -> None:
         import ray
@@ -338,15 +345,27 @@ class Subscription:
             except (rex.ActorUnavailableError, rex.GetTimeoutError):
                 continue  # maybe back: retry
             except rex.RayActorError:
+                if self._closed:
+                    return
+                log.warning("%s: the Coordinator died; starting a new one", self.stream.name)
+                # Started outside the lock: close() must not wait for a restart (up to minutes).
+                try:
+                    replacement = self._start_coordinator()
+                except Exception as e:
+                    log.error("%s: could not restart the Coordinator: %r", self.stream.name, e)
+                    continue
                 with self._lock:
-                    if self._closed:
-                        return
-                    log.warning("%s: the Coordinator died; starting a new one", self.stream.name)
-                    try:
-                        self._spawn_coordinator()
+                    if not self._closed:
+                        self._coordinator = replacement
                         self.coordinator_restarts += 1
-                    except Exception as e:
-                        log.error("%s: could not restart the Coordinator: %r", self.stream.name, e)
+                        continue
+                # closed while it started: close it too (checkpoint, release), then drop it
+                try:
+                    ray.get(replacement.close.remote(True, 5.0), timeout=_RAY_CALL_TIMEOUT_S)
+                except Exception as e:
+                    log.info("%s: closing the restarted Coordinator failed (%r)", self.stream.name, e)
+                self._discard(replacement)
+                return
             except Exception:
                 if self._closed:
                     return
