@@ -74,7 +74,9 @@ class NumberedPublisher:
     def stop(self) -> list[Published]:
         """Stop publishing; returns every accepted event."""
         self._stop.set()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+            assert not self._thread.is_alive(), "the publisher did not stop (a PutRecords call hangs)"
         with self._lock:
             return list(self._published)
 
@@ -124,15 +126,26 @@ class RecordingSink:
         self.delay_s = 0.0
         self.delay_until = 0.0
         self.calls = 0
+        self.in_flight = 0  # batches handed to us and not yet acknowledged
+        self.max_in_flight = 0
 
     async def process_batch(self, records: list[Any]) -> None:
         self.calls += 1
-        while time.time() < self.stall_until:
-            await asyncio.sleep(0.05)
-        if self.delay_s and time.time() < self.delay_until:
-            await asyncio.sleep(self.delay_s)
-        now = time.time()
-        self.rows.extend((int(r.data), r.shard_id, r.sequence_number, now) for r in records)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            while time.time() < self.stall_until:
+                await asyncio.sleep(0.05)
+            if self.delay_s and time.time() < self.delay_until:
+                await asyncio.sleep(self.delay_s)
+            now = time.time()
+            self.rows.extend((int(r.data), r.shard_id, r.sequence_number, now) for r in records)
+        finally:
+            self.in_flight -= 1
+
+    def in_flight_figures(self) -> tuple[int, int]:
+        """(batches unacknowledged now, most ever at once)."""
+        return self.in_flight, self.max_in_flight
 
     def stall(self, until: float, then_delay_s: float = 0.0, delay_for_s: float = 0.0) -> None:
         self.stall_until = until
@@ -197,6 +210,8 @@ class LeaseSampler:
 
     def __init__(self, endpoint: str, table: str, stream: str, *, period_s: float = 0.1,
                  with_processes: bool = False) -> None:
+        self.errors = 0
+        self.started = False
         self._client = aws_client(endpoint, "dynamodb")
         self.table, self.stream, self.period_s = table, stream, period_s
         self.with_processes = with_processes
@@ -206,11 +221,13 @@ class LeaseSampler:
 
     def __enter__(self) -> "LeaseSampler":
         self._thread.start()
+        self.started = True
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self.started:
+            self._thread.join(timeout=10)
 
     def read(self) -> dict[str, tuple[str | None, int, str | None]]:
         prefix = f"{self.stream}:"
@@ -232,8 +249,8 @@ class LeaseSampler:
                 rows = self.read()
                 pids = reader_pids() if self.with_processes else None
                 self.samples.append((time.time(), rows, pids))
-            except Exception:
-                pass
+            except Exception:  # e.g. the table not created yet: counted, and tests assert enough samples
+                self.errors += 1
             self._stop.wait(max(0.0, t0 + self.period_s - time.monotonic()))
 
     def checkpoints(self) -> list[tuple[float, dict[str, Any]]]:
@@ -260,8 +277,10 @@ def _title(p: psutil.Process) -> str:
 
 
 def processes_titled(prefix: str, within: Iterable[psutil.Process] | None = None) -> list[psutil.Process]:
-    """Live processes whose title (Ray sets ``ray::<ActorClass>``) starts with ``prefix``."""
-    candidates = within if within is not None else psutil.process_iter()
+    """Live processes whose title (Ray sets ``ray::<ActorClass>``) starts with ``prefix``,
+    among ``within`` (default: this process's descendants, i.e. the suite's own cluster,
+    never another job's Ray on the same machine)."""
+    candidates = within if within is not None else tree(os.getpid())[1:]
     out = []
     for p in candidates:
         try:
@@ -323,10 +342,14 @@ def rss_mib(pids: Iterable[int]) -> float:
     return total / 2**20
 
 
-def sigkill(pid: int) -> None:
+def sigkill(pid: int, title: str) -> None:
+    """SIGKILL ``pid`` only if it is still the process titled ``title...`` (pids are reused)."""
     try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
+        process = psutil.Process(pid)
+        if not _title(process).startswith(title):
+            raise AssertionError(f"pid {pid} is no longer a {title} process")
+        process.send_signal(signal.SIGKILL)
+    except psutil.NoSuchProcess:
         pass
 
 

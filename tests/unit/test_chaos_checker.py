@@ -80,3 +80,9 @@ def test_several_faults_each_get_their_recovery() -> None:
     dl = deliver(pub, t0=10.0) + [Delivered(0, "shardId-0", "1", 21.0), Delivered(5, "shardId-1", "1", 32.5)]
     v = check("kills", pub, dl, faults=[(20.0, ["shardId-0"]), (30.0, ["shardId-1"])])
     assert v.recovery_by_shard_s == {"shardId-0@0": 1.0, "shardId-1@1": 2.5} and v.recovery_s == 2.5
+
+
+def test_a_first_record_never_delivered_is_a_gap_and_a_loss() -> None:
+    pub = stream()
+    v = check("first", pub, deliver([p for p in pub if p.n != 0]))
+    assert v.lost == 1 and v.gaps[0]["after"] is None and v.gaps[0]["skipped"] == 1 and not v.ok
