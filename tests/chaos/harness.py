@@ -31,19 +31,6 @@ def aws_client(endpoint: str, service: str) -> Any:
                         aws_access_key_id="testing", aws_secret_access_key="testing")
 
 
-def wait_until(predicate: Callable[[], Any], *, timeout_s: float, interval_s: float = 0.05,
-               what: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns something truthy; AssertionError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
-
-
 # ---------------------------------------------------------------------------- publisher
 class NumberedPublisher:
     """Puts numbered events (payload ``b"<n>"``, partition key ``"<n>"``) at a steady rate

@@ -25,6 +25,7 @@ import ray
 from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream, StartAt
 from kinesis_actors.testing import Fault, FaultInjector, with_faults
 
+from ..integration.helpers import wait_until  # the one deadline wait of every suite
 from .checker import Verdict, check, checkpoints_monotonic
 from .harness import (
     LeaseSampler,
@@ -41,7 +42,6 @@ from .harness import (
     signal_tree,
     tree,
     wait_all_delivered,
-    wait_until,
 )
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(240)]
