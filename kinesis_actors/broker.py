@@ -486,7 +486,9 @@ class Subscription:
 
     def stats(self) -> dict[str, Any]:
         """Per-shard figures: records, bytes, batches, GetRecords calls, throttles,
-        ``millis_behind_latest`` (ms), checkpoint, lease counter; plus lease counts."""
+        ``millis_behind_latest`` (ms), checkpoint, lease counter, and where the reader runs
+        (``node_id``: Ray node id hex, ``pid``); plus this instance's lease counts
+        (``leases_taken``, ``leases_lost``, ``readers_replaced``...)."""
         return self._call("stats")
 
     def close(self, *, ack: bool = True) -> None:

@@ -448,7 +448,7 @@ def with_faults(broker: Any, injector: FaultInjector | None, *, lease_store: boo
     settings (no faults) unless ``lease_store=True``: then every DynamoDB client of its
     ``DynamoLeaseStore`` (in every process) carries them too, and rules with
     ``service="dynamodb"`` reach the lease table (e.g. ``Fault("*", service="dynamodb",
-    refuse=True)``: the table unreachable).
+    refuse=True)``: the table unreachable). That store object is changed in place.
 
     Raises:
         ValueError: the broker is already connected, or ``lease_store=True`` without a
