@@ -41,7 +41,7 @@ test-notebooks: install  # notebooks/ run top to bottom with nbclient (outputs s
 test-cluster: install  # cluster/: manifests offline; a real `ray start --head` + `ray job submit` on loopback
 	$(BIN)/python -m pytest tests/cluster $(PYTEST_ARGS)
 
-test-chaos: install  # tests/chaos: kill readers, Coordinators, nodes, drivers on a multi-node Ray cluster -> bench/chaos.json
+test-chaos: install  # tests/chaos: kill readers, Coordinators, nodes, drivers on a multi-node Ray cluster -> build/chaos.json
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
 test: install $(KINESALITE)/node_modules/.installed  # everything .ci/run runs: one pytest session, then the chaos suite's own

@@ -1,6 +1,6 @@
 """``python -m bench.report [--key] [results.json]``: the Markdown table of a results file (``--key``: the
 figures the README shows). ``python -m bench.report --chaos [chaos.json]``: the chaos suite's table
-(``make test-chaos`` writes ``bench/chaos.json``)."""
+(the repository's reference run; ``make test-chaos`` writes yours to ``build/chaos.json``)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ CHAOS_KEY = {
     "7_lease_table_unreachable": ("retaken_after_return_s", "s until every shard re-taken"),
 }
 
-CHAOS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chaos.json")
+CHAOS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chaos.json")  # the reference run
+CHAOS_LOCAL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "chaos.json")
 
 
 def chaos_markdown(data: dict) -> str:
@@ -75,7 +76,8 @@ def chaos_markdown(data: dict) -> str:
     m = data.get("machine", {})
     lines = [
         f"Measured {data.get('date')} on {m.get('cores')} cores (Python {m.get('python')}, Ray {m.get('ray')}, "
-        f"moto {m.get('moto')}; `make test-chaos`, {data.get('session_s')} s in all; load average at the end "
+        f"moto {m.get('moto')}; `{data.get('command', 'pytest tests/chaos')}`, {data.get('session_s')} s in all; "
+        f"load average at the end "
         f"{data.get('load_average_1min_at_end')}).",
         "",
         "| scenario | published | lost | duplicated | gaps | recovery (s) | key figure |",

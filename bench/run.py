@@ -168,11 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         section("demo", demo.run)
     res.write(a.out)
     print(res.table())
-    from .report import CHAOS_PATH, chaos_markdown
+    from .report import CHAOS_LOCAL, CHAOS_PATH, chaos_markdown
 
-    if os.path.exists(CHAOS_PATH):  # the chaos suite's figures (make test-chaos), reported beside ours
-        with open(CHAOS_PATH) as f:
-            print("\nChaos suite (bench/chaos.json, from `make test-chaos`):\n" + chaos_markdown(json.load(f)))
+    for path, what in ((CHAOS_PATH, "the reference run kept in the repository"), (CHAOS_LOCAL, "your last run")):
+        if os.path.exists(path):  # the chaos suite's figures (make test-chaos), reported beside ours
+            with open(path) as f:
+                print(f"\nChaos suite, {what} ({os.path.relpath(path)}):\n" + chaos_markdown(json.load(f)))
     for n in res.notes:
         print(f"note: {n}")
     for name, err in res.errors.items():

@@ -13,7 +13,10 @@ Inputs:
 Figures (a :class:`Verdict`):
 
 * ``lost``: events published but never delivered (must be 0: at-least-once);
-* ``duplicated``: deliveries beyond the first of an event (bounded, reported);
+* ``duplicated``: deliveries beyond the first of an event, also per shard, and
+  ``batches_redelivered_by_shard``: how many distinct acknowledged batches (the records one
+  downstream acknowledged at one time) were delivered again (SPEC: at most the
+  unacknowledged batch per shard per failure);
 * ``gaps``: per shard, a delivery that jumped over a record not delivered yet (must be
   none: per-shard order, nothing skipped even if it arrives later);
 * ``unexpected``: delivered events nobody published (must be 0);
@@ -69,7 +72,16 @@ class Verdict:
     recovery_s: float | None = None
     recovery_by_shard_s: dict[str, float | None] = dataclasses.field(default_factory=dict)
     lost_sample: list[int] = dataclasses.field(default_factory=list)
+    duplicates_by_shard: dict[str, int] = dataclasses.field(default_factory=dict)
+    largest_batch_by_shard: dict[str, int] = dataclasses.field(default_factory=dict)
+    batches_redelivered_by_shard: dict[str, int] = dataclasses.field(default_factory=dict)
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def duplicate_batches(self, shard: str) -> float:
+        """Duplicated records of ``shard`` in units of its largest delivered batch (a batch is
+        the records one downstream acknowledged with one timestamp)."""
+        largest = self.largest_batch_by_shard.get(shard, 0)
+        return self.duplicates_by_shard.get(shard, 0) / largest if largest else 0.0
 
     @property
     def ok(self) -> bool:
@@ -158,12 +170,28 @@ def check(scenario: str, published: Iterable[Published], delivered: Iterable[Del
         for shard in shards:
             after = [d.t for d in dlv if d.shard_id == shard and d.t > at + in_flight_s]
             recovery[shard if len(events) == 1 else f"{shard}@{i}"] = round(min(after) - at, 3) if after else None
+    first: dict[int, Delivered] = {}
+    duplicates_by_shard: Counter[str] = Counter()
+    batches_redelivered: dict[str, set[tuple[str, float]]] = defaultdict(set)
+    for d in dlv:
+        if d.n in first:
+            duplicates_by_shard[d.shard_id] += 1
+            original = first[d.n]
+            batches_redelivered[original.shard_id].add((original.via, original.t))
+        else:
+            first[d.n] = d
+    largest: dict[str, int] = {}
+    for (_, shard, _), size in Counter((d.via, d.shard_id, d.t) for d in dlv).items():
+        largest[shard] = max(largest.get(shard, 0), size)
+
     known = [v for v in recovery.values() if v is not None]
     return Verdict(
         scenario=scenario, published=len(published_n), deliveries=len(dlv), distinct_delivered=len(counts),
         lost=len(lost), duplicated=sum(c - 1 for c in counts.values()), unexpected=len(unexpected), gaps=gaps,
         recovery_s=max(known) if known and len(known) == len(recovery) else None,
-        recovery_by_shard_s=recovery, lost_sample=lost[:50],
+        recovery_by_shard_s=recovery, lost_sample=lost[:50], duplicates_by_shard=dict(sorted(duplicates_by_shard.items())),
+        largest_batch_by_shard=dict(sorted(largest.items())),
+        batches_redelivered_by_shard={k: len(v) for k, v in sorted(batches_redelivered.items())},
     )
 
 

@@ -86,3 +86,15 @@ def test_a_first_record_never_delivered_is_a_gap_and_a_loss() -> None:
     pub = stream()
     v = check("first", pub, deliver([p for p in pub if p.n != 0]))
     assert v.lost == 1 and v.gaps[0]["after"] is None and v.gaps[0]["skipped"] == 1 and not v.ok
+
+
+def test_duplicates_are_counted_per_shard_in_batches() -> None:
+    pub = stream()
+    shard0 = [p for p in pub if p.shard_id == "shardId-0"]
+    first = [Delivered(p.n, p.shard_id, p.sequence_number, 10.0) for p in shard0[:3]]  # one batch of 3
+    rest = [Delivered(p.n, p.shard_id, p.sequence_number, 11.0) for p in shard0[3:]]
+    replay = [Delivered(p.n, p.shard_id, p.sequence_number, 12.0) for p in shard0[2:4]]  # 2 records again
+    v = check("dups", [p for p in pub if p.shard_id == "shardId-0"], first + rest + replay)
+    assert v.duplicates_by_shard == {"shardId-0": 2} and v.largest_batch_by_shard == {"shardId-0": 3}
+    assert abs(v.duplicate_batches("shardId-0") - 2 / 3) < 1e-9
+    assert v.batches_redelivered_by_shard == {"shardId-0": 2}  # record 3 came in the first batch, 4 in the second
