@@ -284,10 +284,10 @@ def test_2_remove_the_node_with_half_the_readers(chaos_cluster: Any, emulator: A
                                       for s in affected if s in moved),
                readers_replaced=stats["readers_replaced"], coordinator_restarts=run.sub.coordinator_restarts,
                lease_duration_s=run.lease_s, renew_interval_s=run.renew_s)
-        # A reader on a SIGKILLed node outlives the kill (0.4-2.3 s measured) and may leave one
-        # more acknowledged batch without its checkpoint: 2 batches were redelivered on one
-        # shard in 1 of the first 2 runs that counted batches, not yet explained. Graceful
-        # removal keeps the SPEC bound of one.
+        # A reader on a SIGKILLed node outlives the kill (0.4-2.3 s measured); 2 batches were
+        # redelivered on one shard in 2 of the first 3 runs that counted batches. Cause not
+        # confirmed (a guess: the orphan's sink call loses its reply, is retried, and its
+        # next batch then misses the checkpoint). Graceful removal keeps the SPEC bound of one.
         assert_ok(verdict, {s: 1 if graceful else 2 for s in affected})
         assert owners == {run.owner}, f"the shards changed owner: {owners}"
         assert all(moved[s]["node_id"] in survivors for s in affected), f"replacements not on a survivor: {moved}"
