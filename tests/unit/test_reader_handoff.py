@@ -11,6 +11,14 @@ from kinesis_actors.records import StartAt
 from .test_reader_core import SHARD, STREAM, FakeShard, InProcessLeaseStore, Recorder, make_reader
 
 
+async def until(condition: object, timeout_s: float = 5.0, what: str = "condition") -> None:
+    """Poll ``condition()`` every 5 ms on the event loop; AssertionError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
 class SlowRecorder(Recorder):
     """Takes ``delay_s`` per batch, so a handoff request lands while a batch is in flight."""
 
@@ -35,10 +43,7 @@ def test_handoff_finishes_the_batch_in_flight_and_the_thief_resumes_after_it() -
         reader = make_reader(shard, store, old_sink, max_records=20)
         await reader.open()
         run = asyncio.create_task(reader.run())
-        deadline = time.monotonic() + 5
-        while not (len(old_sink.seqs) >= 40 and old_sink.in_flight):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.005)
+        await until(lambda: len(old_sink.seqs) >= 40 and old_sink.in_flight, what="a batch in flight")
         thief = store.peer()
         row = thief.get(STREAM, SHARD)
         assert thief.request_handoff(STREAM, SHARD, owner="thief", expect_counter=row.counter)
@@ -57,9 +62,7 @@ def test_handoff_finishes_the_batch_in_flight_and_the_thief_resumes_after_it() -
         second = ShardReaderCore(spec, lease, thief, new_sink, shard)
         await second.open()
         run2 = asyncio.create_task(second.run())
-        while len(old_sink.seqs) + len(new_sink.seqs) < 400:
-            assert time.monotonic() < deadline + 5
-            await asyncio.sleep(0.01)
+        await until(lambda: len(old_sink.seqs) + len(new_sink.seqs) >= 400, what="all 400 records")
         await second.stop()
         assert await run2 == ReaderOutcome.CLOSED
         assert old_sink.seqs + new_sink.seqs == list(range(1, 401)), "no duplicate, no gap"
@@ -73,10 +76,7 @@ def test_an_idle_reader_hands_over_within_a_renew_interval() -> None:
         reader = make_reader(shard, store, sink)
         await reader.open()
         run = asyncio.create_task(reader.run())
-        deadline = time.monotonic() + 5
-        while store.get(STREAM, SHARD).checkpoint != "3":
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        await until(lambda: store.get(STREAM, SHARD).checkpoint == "3", what="checkpoint 3")
         row = store.get(STREAM, SHARD)
         assert store.request_handoff(STREAM, SHARD, owner="thief", expect_counter=row.counter)
         started = time.monotonic()
@@ -113,15 +113,11 @@ def test_a_withdrawn_request_releases_instead_of_handing_over() -> None:
         reader = make_reader(shard, store, sink, max_records=10)
         await reader.open()
         run = asyncio.create_task(reader.run())
-        deadline = time.monotonic() + 5
-        while not sink.in_flight:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.005)
+        await until(lambda: sink.in_flight, what="a batch in flight")
         row = store.get(STREAM, SHARD)
         assert store.request_handoff(STREAM, SHARD, owner="thief", expect_counter=row.counter)
-        while reader._handoff_to is None:  # seen at the next renewal, while the batch is in flight
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.005)
+        # seen at the next renewal, while the batch is in flight
+        await until(lambda: reader._handoff_to is not None, what="the request seen")
         assert store.withdraw_handoff(STREAM, SHARD, owner="thief")  # the thief closed meanwhile
         assert await asyncio.wait_for(run, 5) == ReaderOutcome.CLOSED
         row = store.get(STREAM, SHARD)
@@ -138,10 +134,7 @@ def test_stop_checkpoints_the_batch_in_flight_before_releasing() -> None:
         reader = make_reader(shard, store, sink, max_records=10)
         await reader.open()
         run = asyncio.create_task(reader.run())
-        deadline = time.monotonic() + 5
-        while not (sink.in_flight and len(sink.seqs) >= 10):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.005)
+        await until(lambda: sink.in_flight and len(sink.seqs) >= 10, what="a batch in flight")
         await reader.stop(release=True, grace_s=2.0)
         assert await run == ReaderOutcome.CLOSED
         row = store.get(STREAM, SHARD)
