@@ -561,7 +561,7 @@ class ShardReaderCore:
             if now - self._beat > spec.lease_duration_s:
                 # The loop is stuck (e.g. a hung call): do not renew; let the lease lapse.
                 log.warning("shard %s: read loop silent for %.1f s; not renewing", spec.shard_id, now - self._beat)
-                if now - self._last_write > spec.renew_deadline_s:
+                if self._lease_in_doubt():
                     self._mark_lost("read loop stuck past the lease deadline")
                     return
                 await asyncio.sleep(min(spec.renew_interval_s, 0.5))
@@ -571,7 +571,7 @@ class ShardReaderCore:
             except LeaseLostError:
                 return
             except Exception as e:  # throttled or unreachable: not a lost lease, until our deadline
-                if self._clock() - self._last_write > spec.renew_deadline_s:
+                if self._lease_in_doubt():
                     self._mark_lost(f"renewals failing past the deadline ({e!r:.200})")
                     return
                 log.info("shard %s: renew failed (%r); retrying", spec.shard_id, e)
