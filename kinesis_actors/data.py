@@ -26,7 +26,6 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import math
-import random
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -36,16 +35,13 @@ import pyarrow as pa
 from .arrow import RECORD_SCHEMA, records_to_table
 from .aws import AwsSettings
 from .config import validate_stream_name
-from .errors import InvalidError, aws_error_code, is_throttling, translate_aws_error
-from .kinesis import ShardInfo, list_shards
-from .records import Record, StartAt, records_from_response, seq_key
+from .errors import InvalidError, KinesisError
+from .kinesis import ShardFetcher, ShardInfo, list_shards, record_bytes
+from .records import Record, StartAt
 
 __all__ = ["read_kinesis", "KinesisDatasource", "RECORD_SCHEMA", "records_to_table", "ShardScan"]
 
 log = logging.getLogger(__name__)
-
-MIN_CALL_SPACING_S = 0.2
-"""Shortest gap between two ``GetRecords`` on one shard (5 calls per second, the AWS limit)."""
 
 DEFAULT_MAX_RECORDS_PER_BLOCK = 10_000
 _GET_RECORDS_LIMIT = 10_000
@@ -71,6 +67,11 @@ def _epoch_s(what: str, value: object) -> float:
 class ShardScan:
     """The bounded read of one shard (plain Python: a unit test drives it with a fake client).
 
+    It reads through :class:`~kinesis_actors.kinesis.ShardFetcher` (iterators,
+    ``GetRecords``, expired iterators, throttling, pacing), the read path the
+    subscription's read loops use too; this class only adds the bound and the blocks.
+    Throttling is retried up to 20 times in a row, then raised.
+
     Args:
         kinesis: a boto3 Kinesis client.
         stream: the stream name. shard: the shard, as ``ListShards`` described it.
@@ -83,106 +84,60 @@ class ShardScan:
     def __init__(self, kinesis: Any, stream: str, shard: ShardInfo, start_at: StartAt, bound_s: float, *,
                  max_records_per_block: int = DEFAULT_MAX_RECORDS_PER_BLOCK, max_bytes_per_block: int = 64 << 20,
                  sleep: Any = time.sleep, clock: Any = time.monotonic) -> None:
-        self.kinesis = kinesis
         self.stream = stream
         self.shard = shard
-        self.start_at = start_at
         self.bound_ms = bound_s * 1000.0
         self.max_records_per_block = max_records_per_block
         self.max_bytes_per_block = max_bytes_per_block
         self._sleep = sleep
-        self._clock = clock
-        self._last: Record | None = None
-        self._skip_through: tuple[int, int] | None = None
-        self.calls = 0
+        self.fetcher = ShardFetcher(kinesis, stream, shard.shard_id, start_at,
+                                    ending_sequence_number=shard.ending_sequence_number, max_records=_GET_RECORDS_LIMIT,
+                                    clock=clock)
         self.records = 0
 
-    def _iterator(self, position: StartAt) -> str:
-        args = position.iterator_args()
-        if position.kind == "AFTER_SEQUENCE_NUMBER" and position.sequence_number is not None:
-            sub = position.sub_sequence_number
-            self._skip_through = (seq_key(position.sequence_number), 2**62 if sub is None else sub)
-        else:
-            self._skip_through = None
-        for attempt in range(1, _MAX_THROTTLE_RETRIES + 1):
-            try:
-                return self.kinesis.get_shard_iterator(StreamName=self.stream, ShardId=self.shard.shard_id,
-                                                       **args)["ShardIterator"]
-            except Exception as e:
-                if not is_throttling(e) or attempt == _MAX_THROTTLE_RETRIES:
-                    raise translate_aws_error(e, operation="GetShardIterator",
-                                              resource=f"{self.stream}/{self.shard.shard_id}") from e
-                self._sleep(_backoff(attempt))
-        raise AssertionError("unreachable")
-
-    def _resume(self) -> StartAt:
-        last = self._last
-        if last is None:
-            return self.start_at
-        return StartAt.after_sequence_number(last.sequence_number, last.sub_sequence_number)
+    @property
+    def calls(self) -> int:
+        """``GetRecords`` calls made so far."""
+        return self.fetcher.get_records_calls
 
     def blocks(self) -> Iterator[pa.Table]:
-        """Yield Arrow blocks of at most ``max_records_per_block`` records until the bound."""
-        shard = self.shard
-        end_key = seq_key(shard.ending_sequence_number) if shard.ending_sequence_number else None
-        iterator: str | None = self._iterator(self.start_at)
+        """Yield Arrow blocks of at most ``max_records_per_block`` records until the bound.
+
+        Raises:
+            KinesisError: a non-transient error, or throttling 20 times in a row.
+        """
+        fetcher = self.fetcher
         pending: list[Record] = []
         pending_bytes = 0
-        next_call_at = 0.0
-        throttled = 0
-        while iterator is not None:
-            wait = next_call_at - self._clock()
+        while True:
+            wait = fetcher.due_in()
             if wait > 0:
                 self._sleep(wait)
-            next_call_at = self._clock() + MIN_CALL_SPACING_S
-            self.calls += 1
-            try:
-                response = self.kinesis.get_records(ShardIterator=iterator, Limit=_GET_RECORDS_LIMIT)
-            except Exception as e:
-                code = aws_error_code(e)
-                if code == "ExpiredIteratorException" or (code == "InvalidArgumentException" and "expired" in str(e).lower()):
-                    iterator = self._iterator(self._resume())
-                    continue
-                if is_throttling(e) and throttled < _MAX_THROTTLE_RETRIES:
-                    throttled += 1
-                    next_call_at = self._clock() + _backoff(throttled)
-                    continue
-                raise translate_aws_error(e, operation="GetRecords", resource=f"{self.stream}/{shard.shard_id}") from e
-            throttled = 0
-            raw = response.get("Records") or []
-            records = records_from_response(raw, shard_id=shard.shard_id, stream=self.stream)
-            if self._skip_through is not None and records:
-                skip, self._skip_through = self._skip_through, None
-                records = [r for r in records if r.position > skip]
+            got = fetcher.step()
+            if fetcher.throttled_in_a_row >= _MAX_THROTTLE_RETRIES:
+                raise KinesisError(f"{fetcher.resource}: throttled {fetcher.throttled_in_a_row} times in a row",
+                                   retriable=True)
+            if got is None:
+                continue
             done = False
-            for record in records:
+            for record in got.records:
                 arrival = record.approximate_arrival_timestamp
                 if arrival is not None and arrival.timestamp() * 1000.0 > self.bound_ms:
                     done = True  # arrived after the bound: this and everything after it are out
                     break
                 pending.append(record)
-                pending_bytes += len(record.data) + len(record.partition_key) + 64
-                self._last = record
+                pending_bytes += record_bytes(record) + 64
                 if len(pending) >= self.max_records_per_block or pending_bytes >= self.max_bytes_per_block:
                     self.records += len(pending)
                     yield records_to_table(pending)
                     pending, pending_bytes = [], 0
-            if done:
+            # at the tip now (after the call: every earlier record was read), or the shard ended
+            if done or got.at_tip or got.shard_end:
                 break
-            iterator = response.get("NextShardIterator")
-            if not raw and response.get("MillisBehindLatest", 0) == 0:
-                break  # at the tip now, after the call: every earlier record was read
-            if end_key is not None and self._last is not None and seq_key(self._last.sequence_number) >= end_key:
-                break  # a closed shard read to its EndingSequenceNumber
         if pending:
             self.records += len(pending)
             yield records_to_table(pending)
-        log.debug("shard %s: %d records in %d GetRecords calls", shard.shard_id, self.records, self.calls)
-
-
-def _backoff(attempt: int) -> float:
-    base = min(5.0, 0.2 * 2 ** (attempt - 1))
-    return min(5.0, base + random.uniform(0, base))
+        log.debug("shard %s: %d records in %d GetRecords calls", self.shard.shard_id, self.records, self.calls)
 
 
 def _import_datasource_base() -> type:

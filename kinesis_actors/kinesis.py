@@ -1,7 +1,11 @@
-"""Kinesis control-plane calls: ``DescribeStreamSummary``, ``CreateStream``, ``ListShards``.
+"""Kinesis access: the control plane (``DescribeStreamSummary``, ``CreateStream``,
+``ListShards``) and :class:`ShardFetcher`, the one read path of a shard.
 
-Throttling (``LimitExceededException``) is retried by botocore's standard retry mode
-and then here with jitter until the caller's deadline; errors leave through
+Control-plane throttling (``LimitExceededException``) is retried by botocore's standard
+retry mode and then here with jitter until the caller's deadline. :class:`ShardFetcher`
+owns everything about reading one shard (the iterator, ``GetRecords``, expired-iterator
+recovery, throttling backoff, pacing at the tip); the subscription's read loops and
+``read_kinesis``'s read tasks both read through it. Errors leave through
 :func:`~kinesis_actors.errors.translate_aws_error`.
 """
 
@@ -14,9 +18,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .errors import StreamError, is_throttling, translate_aws_error
+from .errors import StreamError, aws_error_code, is_throttling, translate_aws_error
+from .records import Record, StartAt, records_from_response, seq_key
 
-__all__ = ["ShardInfo", "describe_stream", "ensure_stream", "list_shards", "call_with_retry"]
+__all__ = ["ShardInfo", "describe_stream", "ensure_stream", "list_shards", "call_with_retry", "ShardFetcher",
+           "Fetched", "MIN_CALL_SPACING_S", "GET_RECORDS_MAX_BYTES", "record_bytes", "backoff_s"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -158,3 +164,242 @@ def list_shards(client: Any, stream: str, *, deadline_s: float = 30.0) -> list[S
             response = call_with_retry(lambda: client.list_shards(StreamName=stream, NextToken=token),
                                        operation="ListShards", resource=stream, deadline_s=deadline_s)
     return sorted(shards, key=lambda s: s.shard_id)
+
+
+# ---------------------------------------------------------------------- the read path of one shard
+MIN_CALL_SPACING_S = 0.2
+"""Shortest gap between two ``GetRecords`` calls on one shard, seconds: 5 calls per second,
+the AWS limit per shard."""
+
+GET_RECORDS_MAX_BYTES = 10 * 2**20
+"""Most data one ``GetRecords`` response carries (AWS: 10 MiB per call), bytes."""
+
+
+def record_bytes(record: Record) -> int:
+    """Bytes a delivered record counts for in a byte budget: payload plus partition key.
+
+    Python object overhead (about 200 bytes a record) is not counted, as KCL's
+    ``maxByteSize`` counts record data only.
+    """
+    return len(record.data) + len(record.partition_key)
+
+
+def backoff_s(attempt: int, *, rng: Callable[[], float] = random.random) -> float:
+    """Exponential backoff with jitter for the ``attempt``-th retry (1-based), seconds:
+    the first wait is in [0.2, 0.4), each later one doubles, capped at 5 s."""
+    base = min(5.0, 0.2 * 2 ** (attempt - 1))
+    return min(5.0, base + rng() * base)
+
+
+def _is_expired_iterator(exc: BaseException) -> bool:
+    code = aws_error_code(exc)
+    return code == "ExpiredIteratorException" or (code == "InvalidArgumentException" and "expired" in str(exc).lower())
+
+
+@dataclasses.dataclass(frozen=True)
+class Fetched:
+    """What one ``GetRecords`` call returned, ready to deliver.
+
+    Attributes:
+        records: the user records in shard order (KPL aggregates split), without those at
+            or before the position the iterator was opened after.
+        millis_behind_latest: ``MillisBehindLatest`` of the response, ms (None if absent).
+        shard_end: the shard is read to its end: ``NextShardIterator`` was null, or a closed
+            shard's ``EndingSequenceNumber`` was reached (moto never returns null).
+        at_tip: the response was empty with ``MillisBehindLatest`` 0 (or absent): nothing
+            more to read now.
+        bytes: :func:`record_bytes` summed over ``records``.
+    """
+
+    records: list[Record]
+    millis_behind_latest: int | None
+    shard_end: bool
+    at_tip: bool
+    bytes: int
+
+
+class ShardFetcher:
+    """Reads one shard: its iterator, ``GetRecords``, expired iterators, throttling, pacing.
+
+    :meth:`step` makes at most ONE AWS call and never sleeps; :meth:`due_in` says how many
+    seconds the caller must wait before the next step. The caller does the waiting
+    (``time.sleep`` in a Ray Data read task, ``asyncio.sleep`` in a read loop that
+    shares its process with hundreds of others), so blocking and asyncio callers share
+    this one implementation.
+
+    Rules (each a fact of the Kinesis API):
+
+    * Iterator: opened lazily at :attr:`position`, i.e. after the last record returned
+      by :meth:`step`, else at the start position. ``AFTER_SEQUENCE_NUMBER`` with a KPL
+      sub-sequence re-reads the aggregate (``AT_SEQUENCE_NUMBER``) and drops the user
+      records already returned.
+    * ``ExpiredIteratorException`` (an iterator unused for 5 minutes): the iterator is
+      dropped and reopened at :attr:`position` on the next step, so nothing is skipped.
+    * Throttling and transient errors (``ProvisionedThroughputExceededException``,
+      ``LimitExceededException``, 5xx, network errors; see
+      :func:`~kinesis_actors.errors.is_throttling`) on either call: exponential backoff
+      with jitter (:func:`backoff_s`), counted in :attr:`throttles`; the caller decides
+      how long to keep trying.
+    * Pacing: two ``GetRecords`` on one shard are never closer than
+      :data:`MIN_CALL_SPACING_S` (5 calls/s, the AWS limit). After a response with
+      records the next call may follow at once; at the tip (an empty response with
+      ``MillisBehindLatest`` 0) the wait doubles from ``idle_wait_s`` up to
+      ``max_idle_wait_s``, and the first records bring it back to zero. An idle shard
+      thus costs at most ``1 / max_idle_wait_s`` calls per second.
+
+    Args:
+        client: a boto3 Kinesis client; called from whichever thread calls :meth:`step`.
+        stream: the stream name. shard_id: the shard.
+        start: where to open when no record was returned yet.
+        restart_at: where to reopen when the first iterator expires before any record was
+            returned (default ``start``): a ``LATEST`` start reopens at the ``AT_TIMESTAMP``
+            recorded when it was resolved, never at a later tip.
+        ending_sequence_number: a closed shard's ``EndingSequenceNumber``, or None.
+        max_records: ``Limit`` of each ``GetRecords`` (1-10,000).
+        idle_wait_s: the first wait at the tip, seconds. max_idle_wait_s: the longest.
+        clock: monotonic seconds. rng: uniform [0, 1) for the backoff jitter.
+
+    Raises (from :meth:`step`):
+        StreamError: the stream or shard does not exist (``ResourceNotFoundException``),
+            or the credentials were refused.
+        KinesisError: any other error that is not transient, translated, cause chained.
+    """
+
+    def __init__(self, client: Any, stream: str, shard_id: str, start: StartAt, *, restart_at: StartAt | None = None,
+                 ending_sequence_number: str | None = None, max_records: int = 10_000, idle_wait_s: float = 0.25,
+                 max_idle_wait_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 rng: Callable[[], float] = random.random) -> None:
+        self.client = client
+        self.stream = stream
+        self.shard_id = shard_id
+        self.max_records = max_records
+        self.idle_wait_s = idle_wait_s
+        self.max_idle_wait_s = max(idle_wait_s, max_idle_wait_s)
+        self._end_key = seq_key(ending_sequence_number) if ending_sequence_number else None
+        self._clock = clock
+        self._rng = rng
+        self._start = start
+        self._restart = restart_at or start
+        self._last: Record | None = None
+        self._iterator: str | None = None
+        self._skip_through: tuple[int, int] | None = None
+        self._next_call_at = 0.0
+        self._idle = 0  # empty answers at the tip in a row
+        self.throttled_in_a_row = 0
+        self.get_records_calls = 0
+        self.throttles = 0
+        self.expired_iterators = 0
+
+    @property
+    def resource(self) -> str:
+        """``"<stream>/<shard id>"``, for messages."""
+        return f"{self.stream}/{self.shard_id}"
+
+    @property
+    def position(self) -> StartAt:
+        """Where the next iterator opens: after the last record :meth:`step` returned, else the start."""
+        last = self._last
+        if last is None:
+            return self._start
+        return StartAt.after_sequence_number(last.sequence_number, last.sub_sequence_number)
+
+    @property
+    def has_iterator(self) -> bool:
+        """True while an iterator is held (the next step is a ``GetRecords``)."""
+        return self._iterator is not None
+
+    def seek(self, position: StartAt) -> None:
+        """Drop the iterator and everything returned: the next step opens at ``position``."""
+        self._start = self._restart = position
+        self._last, self._iterator = None, None
+        self._idle = 0
+
+    def due_in(self) -> float:
+        """Seconds until the next :meth:`step` may call AWS (0 when it may now)."""
+        return max(0.0, self._next_call_at - self._clock())
+
+    def _throttled(self, e: BaseException, operation: str) -> None:
+        self.throttles += 1
+        self.throttled_in_a_row += 1
+        pause = backoff_s(self.throttled_in_a_row, rng=self._rng)
+        self._next_call_at = max(self._next_call_at, self._clock() + pause)
+        log.info("%s on %s throttled or failed (%s); next try in %.2f s", operation, self.resource,
+                 aws_error_code(e) or type(e).__name__, pause)
+
+    def _open(self) -> None:
+        position = self.position
+        args = position.iterator_args()
+        if position.kind == "AFTER_SEQUENCE_NUMBER" and position.sequence_number is not None:
+            sub = position.sub_sequence_number
+            self._skip_through = (seq_key(position.sequence_number), 2**62 if sub is None else sub)
+        else:
+            self._skip_through = None
+        try:
+            self._iterator = self.client.get_shard_iterator(StreamName=self.stream, ShardId=self.shard_id,
+                                                            **args)["ShardIterator"]
+        except Exception as e:
+            if not is_throttling(e):
+                raise self._fatal(e, "GetShardIterator") from e
+            self._throttled(e, "GetShardIterator")
+            return
+        self.throttled_in_a_row = 0
+        self._start = self._restart
+
+    def _fatal(self, e: BaseException, operation: str) -> Exception:
+        err = translate_aws_error(e, operation=operation, resource=self.resource)
+        if err.aws_code == "ResourceNotFoundException":
+            return StreamError(f"stream {self.stream!r} or shard {self.shard_id} does not exist ({operation})",
+                               aws_code=err.aws_code)
+        return err
+
+    def step(self) -> Fetched | None:
+        """One AWS call: ``GetShardIterator`` when no iterator is held, else ``GetRecords``.
+
+        Blocking (a socket call); never sleeps: wait :meth:`due_in` seconds before it.
+
+        Returns:
+            A :class:`Fetched` for a ``GetRecords`` answer (possibly with no records), or
+            None when the step opened an iterator or handled a throttle or an expired
+            iterator (nothing to deliver; step again).
+
+        Raises:
+            StreamError, KinesisError: see the class docstring.
+        """
+        if self._iterator is None:
+            self._open()
+            return None
+        self._next_call_at = self._clock() + MIN_CALL_SPACING_S
+        self.get_records_calls += 1
+        try:
+            response = self.client.get_records(ShardIterator=self._iterator, Limit=self.max_records)
+        except Exception as e:
+            if _is_expired_iterator(e):
+                self.expired_iterators += 1
+                self._iterator = None
+                log.info("%s: iterator expired; reopening at %s", self.resource, self.position)
+                return None
+            if not is_throttling(e):
+                raise self._fatal(e, "GetRecords") from e
+            self._throttled(e, "GetRecords")
+            return None
+        self.throttled_in_a_row = 0
+        raw = response.get("Records") or []
+        records = records_from_response(raw, shard_id=self.shard_id, stream=self.stream)
+        if self._skip_through is not None and records:
+            skip, self._skip_through = self._skip_through, None
+            records = [r for r in records if r.position > skip]
+        lag = response.get("MillisBehindLatest")
+        self._iterator = response.get("NextShardIterator")
+        if records:
+            self._last = records[-1]
+        at_tip = not raw and not lag
+        shard_end = self._iterator is None or (self._end_key is not None and (
+            at_tip or (self._last is not None and seq_key(self._last.sequence_number) >= self._end_key)))
+        if at_tip:
+            self._idle += 1
+            wait = min(self.max_idle_wait_s, self.idle_wait_s * 2 ** (self._idle - 1))
+            self._next_call_at = max(self._next_call_at, self._clock() + wait)
+        else:
+            self._idle = 0
+        return Fetched(records, None if lag is None else int(lag), shard_end, at_tip,
+                       sum(record_bytes(r) for r in records))
