@@ -81,12 +81,15 @@ class AwsSettings:
                 cached = _SESSIONS[self] = boto3.Session(**kwargs)
             return cached
 
-    def client(self, service: str, *, read_timeout_s: float | None = None, max_attempts: int | None = None) -> Any:
+    def client(self, service: str, *, read_timeout_s: float | None = None, max_attempts: int | None = None,
+               max_pool_connections: int = 32) -> Any:
         """A boto3 client for ``service`` (``"kinesis"`` or ``"dynamodb"``).
 
         Uses botocore's ``standard`` retry mode (exponential backoff with jitter on
         throttling, 5xx and network errors) and the socket timeouts above. Building a
         client does no network I/O; credentials are fetched on the first request.
+        ``max_pool_connections``: HTTP connections kept (botocore opens and discards
+        extra ones when more threads call at once: size it like the calling threads).
         """
         from botocore.config import Config
 
@@ -94,7 +97,7 @@ class AwsSettings:
             connect_timeout=self.connect_timeout_s,
             read_timeout=read_timeout_s if read_timeout_s is not None else self.read_timeout_s,
             retries={"mode": "standard", "max_attempts": self.max_attempts if max_attempts is None else max_attempts},
-            max_pool_connections=32,
+            max_pool_connections=max_pool_connections,
         )
         client = self.session().client(service, endpoint_url=self.endpoint, config=config)
         if self.faults is not None:  # tests only: kinesis_actors.testing.FaultInjector

@@ -29,7 +29,7 @@ from typing import Any
 from .aws import AwsSettings
 from .config import KinesisStream, positive_duration, validate_stream_name
 from .connection import ConnectionState
-from .errors import InvalidError, KinesisError, NotConnectedError
+from .errors import InvalidError, KinesisError, NotConnectedError, StartError
 from .kinesis import ensure_stream
 from .leases.protocol import Lease, LeaseStore
 from .publisher import Publisher
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 _RAY_CALL_TIMEOUT_S = 60.0
 _FIRST_PASS_ATTEMPTS = 3  # Coordinators started for one first pass before subscribe() gives up
+_START_MARGIN_S = 30.0  # beyond start_timeout_s, for the Coordinator to report why its first pass missed it
 
 
 def _unwrap(e: BaseException) -> BaseException:
@@ -207,8 +208,8 @@ class KinesisBroker:
 
     def subscribe(self, stream: KinesisStream, sink: Any = None, *, start_timeout_s: float = 120.0) -> "Subscription":
         """Open a subscription: validate, ``DescribeStreamSummary`` (or ``CreateStream`` and wait
-        up to 60 s), then the Coordinator's first pass. Returns once every reader of the first
-        pass holds its first iterator, so with ``LATEST`` a record published after this
+        up to 60 s), then the Coordinator's first pass. Returns once every shard leased by the
+        first pass holds its first iterator, so with ``LATEST`` a record published after this
         returns is delivered.
 
         Args:
@@ -216,10 +217,12 @@ class KinesisBroker:
             sink: a Ray actor handle (push mode: its ``process_batch(records)`` is called
                 with each batch; returning is the acknowledgement), or None (pull mode:
                 ``next_batch``, iteration).
-            start_timeout_s: longest wait for the first pass, seconds.
+            start_timeout_s: longest wait for the first pass, seconds (the default covers
+                128 shards on one 2-core node with room to spare).
 
         Returns:
-            The :class:`Subscription`. An error of the first pass is reported by it
+            The :class:`Subscription`. An error of the first pass other than a start
+            failure (``ListShards``, the lease table, a deleted stream) is reported by it
             (``next_batch``, iteration, ``wait``, ``close``), not raised here.
 
         Raises:
@@ -228,9 +231,13 @@ class KinesisBroker:
             NotConnectedError: not connected, or shut down.
             StreamError: the stream does not exist (and ``create_if_missing`` is unset), or
                 authentication failed.
+            StartError: not every shard leased by the first pass was open within
+                ``start_timeout_s`` (readers slow or failing to start); the message says
+                how many were and why. The leases taken are released.
         """
         if not isinstance(stream, KinesisStream):
             raise InvalidError(f"subscribe() takes a KinesisStream, got {stream!r}")
+        start_timeout_s = positive_duration("start_timeout_s", start_timeout_s)
         if sink is not None and not hasattr(sink, stream.sink_method):
             raise InvalidError(f"sink {sink!r} has no method {stream.sink_method!r}")
         state = self._state
@@ -302,8 +309,10 @@ class Subscription:
         Each replacement counts in ``coordinator_restarts``.
 
         Raises:
-            ray.exceptions.RayActorError: every attempt died. GetTimeoutError: the first
-            pass took longer than ``start_timeout_s``.
+            StartError: the first pass did not open every leased shard within
+                ``start_timeout_s`` (the Coordinator says how many did and why), the
+                Coordinator did not answer by then, or every attempt died. The leases
+                taken are released first.
         """
         import ray
         import ray.exceptions as rex
@@ -312,22 +321,45 @@ class Subscription:
 
         broker = self._broker
         options = self.stream.coordinator_actor_options()
+        timeout_s = self._start_timeout_s
         for attempt in range(1, _FIRST_PASS_ATTEMPTS + 1):
             coordinator = Coordinator.options(**options).remote(
                 self.stream, self._aws, self._store, self.owner_id, broker.lease_duration_s,
                 broker.renew_interval_s, self._sink, self._queue)
             try:
-                ray.get(coordinator.start.remote(), timeout=self._start_timeout_s)
+                # The Coordinator keeps the deadline itself; the margin lets it say why it missed it.
+                ray.get(coordinator.start.remote(timeout_s), timeout=timeout_s + _START_MARGIN_S)
             except rex.RayActorError as e:
                 ray.kill(coordinator, no_restart=True)
                 if attempt == _FIRST_PASS_ATTEMPTS:
-                    raise
+                    raise StartError(f"{self.stream.name}: the Coordinator died during each of {attempt} first "
+                                     f"passes ({type(e).__name__})") from e
                 log.warning("%s: the Coordinator died during its first pass (%s); starting another",
                             self.stream.name, type(e).__name__)
                 self.coordinator_restarts += 1
                 continue
+            except Exception as e:
+                error = _unwrap(e)
+                if not isinstance(error, StartError):
+                    error = StartError(f"{self.stream.name}: the Coordinator's first pass did not finish within "
+                                       f"{timeout_s + _START_MARGIN_S:.0f} s ({type(error).__name__})")
+                self._abandon(coordinator)
+                raise error from None
             return coordinator
         raise AssertionError("unreachable")
+
+    def _abandon(self, coordinator: Any) -> None:
+        """A first pass that failed: close the Coordinator (release what it took), then kill it
+        and the pull queue."""
+        import ray
+
+        with self._lock:
+            self._closed = True
+        try:
+            ray.get(coordinator.close.remote(True, 1.0), timeout=_RAY_CALL_TIMEOUT_S)
+        except Exception as e:
+            log.info("%s: closing the Coordinator after a failed first pass failed (%r)", self.stream.name, e)
+        self._discard(coordinator, self._queue)
 
     def _watch(self) -> None:
         import ray

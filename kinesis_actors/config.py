@@ -17,7 +17,10 @@ from typing import Any
 from .errors import InvalidError
 from .records import StartAt
 
-__all__ = ["KinesisStream", "validate_stream_name", "positive_duration"]
+__all__ = ["KinesisStream", "validate_stream_name", "positive_duration", "DEFAULT_MAX_SHARDS_PER_READER"]
+
+DEFAULT_MAX_SHARDS_PER_READER = 64
+"""Default ``KinesisStream.max_shards_per_reader``."""
 
 _STREAM_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
 _READER_OPTION_KEYS = frozenset(
@@ -69,8 +72,20 @@ class KinesisStream:
         max_leases_to_steal: most leases stolen per lease-poll interval when balancing (1).
         max_records: ``Limit`` of each ``GetRecords`` call, 1..10,000 (10,000); also the
             most user records in one delivered batch.
-        idle_wait_s: wait before the next ``GetRecords`` when a shard is at its tip (0.25 s).
-            Calls on one shard are never closer than 0.2 s (5 per second, the AWS limit).
+        idle_wait_s: the first wait before the next ``GetRecords`` when a shard is at its tip
+            (0.25 s); it doubles while the shard stays empty, up to ``max_idle_wait_s``, and
+            drops to zero when records arrive. Calls on one shard are never closer than
+            0.2 s (5 per second, the AWS limit).
+        max_idle_wait_s: the longest wait at the tip (1.0 s): an idle shard costs at most
+            one ``GetRecords`` per this many seconds.
+        max_shards_per_reader: most shard leases one ``ShardReader`` process holds
+            (``DEFAULT_MAX_SHARDS_PER_READER``); 1 gives one actor per shard. The pool keeps
+            ``ceil(leases / max_shards_per_reader) + 1`` readers (at least 2), so a dead
+            reader's leases move to live ones at once.
+        max_buffered_bytes: byte budget of each ``ShardReader`` process (64 MiB): records
+            fetched and not yet acknowledged, counted as payload + partition key. A reader
+            never holds more than this plus one ``GetRecords`` response (10 MiB); fetching
+            waits for room.
         reader_options: Ray actor options for each ``ShardReader`` (``num_cpus``,
             ``resources``, ``scheduling_strategy``, ``memory``, ``runtime_env``...).
             Defaults: ``num_cpus=0``, ``scheduling_strategy="SPREAD"``.
@@ -98,6 +113,9 @@ class KinesisStream:
     max_leases_to_steal: int = 1
     max_records: int = 10_000
     idle_wait_s: float = 0.25
+    max_idle_wait_s: float = 1.0
+    max_shards_per_reader: int = DEFAULT_MAX_SHARDS_PER_READER
+    max_buffered_bytes: int = 64 * 2**20
     reader_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     coordinator_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     max_sink_retries: int = 5
@@ -117,6 +135,11 @@ class KinesisStream:
         positive_duration("shard_sync_interval_s", self.shard_sync_interval_s)
         positive_duration("lease_poll_interval_s", self.lease_poll_interval_s)
         positive_duration("idle_wait_s", self.idle_wait_s)
+        positive_duration("max_idle_wait_s", self.max_idle_wait_s)
+        if self.max_idle_wait_s < self.idle_wait_s:
+            raise InvalidError(f"max_idle_wait_s ({self.max_idle_wait_s}) must be at least idle_wait_s ({self.idle_wait_s})")
+        _positive_int("max_shards_per_reader", self.max_shards_per_reader)
+        _positive_int("max_buffered_bytes", self.max_buffered_bytes)
         _positive_int("max_leases", self.max_leases, allow_none=True)
         if isinstance(self.max_leases_to_steal, bool) or not isinstance(self.max_leases_to_steal, int) or self.max_leases_to_steal < 0:
             raise InvalidError(f"max_leases_to_steal must be an int >= 0, got {self.max_leases_to_steal!r}")

@@ -1,42 +1,53 @@
 """Coordinator: one per subscription. Lists shards, reads the lease table, takes leases,
-runs one ShardReader per leased shard, replaces dead readers.
+keeps a pool of ShardReaders and packs the leases into them, re-homes a dead reader's leases.
 
 Fault model:
 
 * Everything durable is in the lease table; the Coordinator's memory is a cache. A new
   Coordinator (after a crash, restarted by the subscription's handle) re-takes the rows
-  its owner id holds (the owner may re-take its own row at once) and starts readers
-  that resume after the checkpoints.
+  its owner id holds (the owner may re-take its own row at once) and opens them on new
+  readers, which resume after the checkpoints.
 * Readers are actors the Coordinator creates, so Ray kills them with it (fate sharing).
-  A reader that dies is replaced at once under the same owner id: the Coordinator
-  re-takes its own row, which raises the lease counter and fences the old reader.
-* Each step of the control loop (``ListShards``, lease poll) has its own try/except and
-  log line: a failing step is retried at its next tick, it does not stop the loop.
+* The pool keeps one reader more than the leases need (:func:`pool_size`, at least 2),
+  spread over the nodes (``SPREAD`` by default), so the leases of a dead reader have
+  room on live readers at once. When a reader dies (its process killed, its node lost:
+  Ray's ``ActorDiedError``), the Coordinator re-takes each of its leases under the same
+  owner id (raising the lease counter, which fences the old loops should they still
+  run) and opens them on live readers, without waiting for lease expiry or for a new
+  actor; a replacement reader starts in the background to restore the spare. A shard
+  is held by exactly one entry here (:class:`_Held`) from its take until its reader
+  reports how it ended, so no lease poll can take it a second time while it moves.
+* Each step of the control loop (``ListShards``, lease poll, pool upkeep) has its own
+  try/except and log line: a failing step is retried at its next tick.
 * A fatal error (``SinkError``, a deleted stream) is parked: the subscription reports it
   on the user's next call; the readers stop and release what they hold.
 
-Balancing (issue 6): the Coordinator heartbeats a presence row every ``renew_interval_s``
+The first pass (:meth:`CoordinatorCore.start`) starts the pool in parallel, waits for
+room, then takes the leases and opens them (each reader holds its first iterator
+before it returns). It never fails because an actor is slow: it waits up to its
+deadline, then raises :class:`~kinesis_actors.errors.StartError` saying how many
+shards opened and why the others did not. A reader that fails to start is retried
+by the pool upkeep with backoff; a lease waits for room, never for a re-resolved
+``LATEST`` (a consumer records its start position before it reads).
+
+Balancing: the Coordinator heartbeats a presence row every ``renew_interval_s``
 (deleted on a clean close) and, at each lease poll, runs the pure planner of
 :mod:`kinesis_actors.balancing` over the table: it takes free, expired and own leases,
 and below ``ceil(readable shards / live instances)`` asks the most loaded instance for
-a graceful handoff (``lease_next_owner``). That instance's reader checkpoints the batch
-in flight and hands the row over in one fenced write (never free in between); the row
-is then ours and the next poll re-takes it and starts a reader after the checkpoint. A
-request not honoured within ``handoff_timeout_s`` is forced (``force_handoff``), like
-taking an expired lease. Requests are withdrawn on a clean close. New readers start in
-the background (the poll never waits for a slow actor start) and the Coordinator renews
-their lease until the actor answers, handing it straight over if asked meanwhile.
+a graceful handoff (``lease_next_owner``). That instance's consumer checkpoints the
+batch in flight and hands the row over in one fenced write; the next poll re-takes it.
+A request not honoured within ``handoff_timeout_s`` is forced (``force_handoff``).
+Requests are withdrawn on a clean close.
 
 Resharding: a shard is readable only when every parent that ``ListShards`` still lists
 has checkpoint ``SHARD_END`` in the table (a missing parent row is not a finished
 parent); children open at ``TRIM_HORIZON``. A row whose shard is no longer listed
-never starts a reader and never blocks a child.
+never opens and never blocks a child.
 
 Stream identity: the first pass notes the stream's ARN and creation time
 (``DescribeStreamSummary``); every take writes them on the row. A row of another
 incarnation (the stream was deleted and re-created under the same name) counts as
-absent: it finishes no parent, and taking it restarts it at ``start_at`` (its stale
-checkpoint is never applied).
+absent: it finishes no parent, and taking it restarts it at ``start_at``.
 
 :class:`CoordinatorCore` is plain asyncio over an injectable reader launcher;
 :class:`Coordinator` is the thin Ray actor.
@@ -45,64 +56,104 @@ checkpoint is never applied).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import itertools
 import logging
+import math
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, TypeVar
 
 from .aws import AwsSettings
 from .balancing import BalancePlan, ShardState, plan_leases
 from .config import KinesisStream
-from .errors import KinesisError, LeaseLostError
+from .errors import KinesisError, LeaseLostError, StartError
 from .kinesis import ShardInfo, describe_stream, list_shards
 from .leases.protocol import Lease, LeaseStore
 from .metrics import coordinator_tick
-from .reader import ReaderOutcome, ReaderSpec
+from .reader import ConsumerState, ReaderSpec, ShardEvent
 from .records import StartAt
 
-__all__ = ["CoordinatorCore", "ReaderHandle", "Coordinator"]
+__all__ = ["CoordinatorCore", "ReaderHandle", "ReaderGone", "ReaderUnreachable", "Coordinator", "pool_size",
+           "pick_reader"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_EVENTS_POLL_S = 5.0  # how long one ``events`` call of a reader waits for news
+_START_FAILURES_FATAL = 3  # reader starts failing in a row that end a first pass early
+_STORE_THREADS = 16  # threads for the Coordinator's lease-store calls (takes of a first pass run in parallel)
 
 
 class ReaderHandle(Protocol):
-    """What the Coordinator needs of a running reader (a Ray actor, or in-process in unit tests).
+    """What the Coordinator needs of one reader (a Ray actor, or in-process in unit tests).
 
-    ``join`` raises ``ReaderGone`` when the reader died (crash, node lost) and
+    Every call raises ``ReaderGone`` when the reader died (crash, node lost) and
     ``ReaderUnreachable`` when it may come back (Ray's ``ActorUnavailableError``).
     """
 
-    async def open(self, lease: Lease | None = None) -> None: ...
-    async def start(self) -> None: ...
-    async def join(self) -> str: ...
-    async def stop(self, release: bool, grace_s: float) -> None: ...
-    async def seek(self, position: StartAt) -> None: ...
-    async def stats(self) -> dict[str, Any]: ...
     async def ping(self) -> None: ...
+    async def add(self, spec: ReaderSpec, lease: Lease) -> ShardEvent: ...
+    async def events(self, timeout_s: float) -> list[ShardEvent]: ...
+    async def stop(self, shard_id: str | None, release: bool, grace_s: float) -> None: ...
+    async def seek(self, shard_id: str, position: StartAt) -> bool: ...
+    async def stats(self) -> dict[str, Any]: ...
     def kill(self) -> None: ...
 
 
 class ReaderGone(Exception):
-    """The reader's process is gone: replace it."""
+    """The reader's process is gone: re-home its leases."""
 
 
 class ReaderUnreachable(Exception):
     """The reader cannot be reached now but may come back: retry."""
 
 
-class _HandedOver(Exception):
-    """A lease was handed over (to the owner id in the message) while its reader was starting."""
+Launcher = Callable[[int], ReaderHandle]
+"""Creates reader number ``n`` of the pool (a Ray actor) and returns its handle at once."""
 
 
-Launcher = Callable[[ReaderSpec, Lease], ReaderHandle]
+def pool_size(leases: int, max_shards_per_reader: int) -> int:
+    """Readers the pool keeps for ``leases`` leases: room for all of them with one reader
+    to spare, and at least 2, so the leases of any one dead reader fit on the others."""
+    return max(2, math.ceil(leases / max_shards_per_reader) + 1)
 
 
-@dataclasses.dataclass
-class _Slot:
-    shard: ShardInfo
-    handle: ReaderHandle
+@dataclasses.dataclass(eq=False)
+class _Reader:
+    """One reader of the pool."""
+
+    id: int
+    handle: ReaderHandle | None = None
+    shards: set[str] = dataclasses.field(default_factory=set)
+    ready: bool = False
     watch: asyncio.Task[None] | None = None
+
+
+def pick_reader(readers: Iterable[_Reader], max_shards_per_reader: int) -> _Reader | None:
+    """The ready reader with the fewest leases that has room for one more (lowest id on a
+    tie), or None: leases spread evenly over the pool, so losing one reader moves few."""
+    best: _Reader | None = None
+    for r in readers:
+        if r.ready and len(r.shards) < max_shards_per_reader and (
+                best is None or (len(r.shards), r.id) < (len(best.shards), best.id)):
+            best = r
+    return best
+
+
+@dataclasses.dataclass(eq=False)
+class _Held:
+    """One lease this instance holds, from its take until its reader reports how it ended.
+
+    ``reader`` None: waiting for room on a reader (its old reader died, or the pool is
+    still growing); ``placing``: being re-taken and opened right now.
+    """
+
+    shard: ShardInfo
+    reader: _Reader | None = None
+    opened: bool = False
+    placing: bool = False
 
 
 class CoordinatorCore:
@@ -111,71 +162,109 @@ class CoordinatorCore:
     Args:
         stream: the subscription's :class:`KinesisStream`.
         aws: settings for ``ListShards`` and the readers.
-        store: the lease store (blocking calls run in worker threads).
+        store: the lease store (blocking calls run in this Coordinator's threads).
         owner_id: this instance's lease owner id.
         lease_duration_s / renew_interval_s: lease timing, seconds.
-        launcher: creates a reader for ``(spec, lease)``.
+        launcher: creates reader ``n`` of the pool (see :data:`Launcher`).
         kinesis: a boto3 Kinesis client (for ``ListShards``).
         on_fatal: called with a fatal error (e.g. to fail the pull queue).
         call_timeout_s: timeout of every call to a reader, seconds.
         handoff_timeout_s: how long a handoff request may stay unanswered before it is
             forced, seconds (default 2 x ``lease_duration_s``).
-        clock: monotonic clock, seconds (handoff timing).
+        reader_start_timeout_s: how long a new reader may take to answer, seconds.
+        clock: monotonic clock, seconds.
     """
 
     def __init__(self, stream: KinesisStream, *, aws: AwsSettings, store: LeaseStore, owner_id: str,
                  lease_duration_s: float, renew_interval_s: float, launcher: Launcher, kinesis: Any,
                  on_fatal: Callable[[BaseException], Any] | None = None, call_timeout_s: float = 30.0,
-                 handoff_timeout_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 handoff_timeout_s: float | None = None, reader_start_timeout_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.stream = stream
         self.aws = aws
         self.store = store
         self.owner_id = owner_id
         self.lease_duration_s = lease_duration_s
         self.renew_interval_s = renew_interval_s
+        self.max_shards_per_reader = stream.max_shards_per_reader
         self._launch = launcher
         self._kinesis = kinesis
         self._on_fatal = on_fatal
         self._call_timeout_s = call_timeout_s
+        self._reader_start_timeout_s = reader_start_timeout_s
+        self._clock = clock
         self._shards: dict[str, ShardInfo] = {}
-        self._slots: dict[str, _Slot] = {}
-        self._starting: dict[str, asyncio.Task[Exception | None]] = {}  # readers being started by the control loop
+        self._held: dict[str, _Held] = {}
+        self._readers: dict[int, _Reader] = {}
+        self._reader_ids = itertools.count(1)
+        self._background: set[asyncio.Task[Any]] = set()
         self._finished: set[str] = set()
         self._error: BaseException | None = None
         self._closing = False
         self._closed = asyncio.Event()
         self._wake = asyncio.Event()
+        self._room = asyncio.Event()  # set when a reader becomes ready or a lease ends
         self._task: asyncio.Task[None] | None = None
         self._last_stats: dict[str, dict[str, Any]] = {}
         self._identity: tuple[str, int] | None = None  # (stream ARN, creation epoch ms)
         self._identity_known = False
         self._foreign: set[str] = set()  # shards whose row of another incarnation was reported
-        self.counters = {"leases_taken": 0, "leases_lost": 0, "readers_replaced": 0, "shards_ended": 0,
-                         "handoffs_requested": 0, "handoffs_received": 0, "handoffs_forced": 0,
-                         "leases_handed_over": 0}
-        self._clock = clock
+        self.counters = {"leases_taken": 0, "leases_lost": 0, "readers_replaced": 0, "shards_rehomed": 0,
+                         "shards_ended": 0, "reader_start_failures": 0, "handoffs_requested": 0,
+                         "handoffs_received": 0, "handoffs_forced": 0, "leases_handed_over": 0}
         self._handoff_timeout_s = handoff_timeout_s if handoff_timeout_s is not None else 2 * lease_duration_s
         self._handoffs: dict[str, tuple[str, float]] = {}  # shard id -> (holder asked, when)
         self._last_steal = float("-inf")
         self._presence_task: asyncio.Task[None] | None = None
+        self._start_backoff_until = 0.0
+        self._start_failures_in_a_row = 0
+        self._last_start_error: BaseException | None = None
+        self._threads = concurrent.futures.ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="ka-coordinator")
         self.last_plan: BalancePlan | None = None
 
-    # ------------------------------------------------------------------ lifecycle
-    async def start(self) -> None:
-        """The first pass: ListShards, read the table, take leases, open a reader per lease
-        (each holds its first iterator when this returns); then the control loop starts.
+    async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking call (lease store, ListShards) in this Coordinator's threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, lambda: fn(*args, **kwargs))
 
-        Errors of the first pass are parked (reported by :meth:`error`), not raised.
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, timeout_s: float = 120.0) -> None:
+        """The first pass: ``ListShards``, read the table, start the reader pool, take the
+        leases and open each on a reader (each holds its first iterator when this
+        returns); then the control loop starts.
+
+        Args:
+            timeout_s: the deadline of the whole pass, seconds.
+
+        Raises:
+            StartError: not every lease taken was open by the deadline (readers slow or
+                failing to start, opens timing out); says how many were and why. Nothing
+                was delivered to the caller yet; :meth:`close` releases what was taken.
+
+        Other errors of the first pass (``ListShards``, the lease table) are parked
+        (reported by :meth:`error`), not raised.
         """
+        deadline = self._clock() + timeout_s
         if callable(getattr(self.store, "heartbeat", None)):
             self._presence_task = asyncio.create_task(self._presence_loop(), name=f"presence-{self.stream.name}")
         try:
             await self.sync_shards()
-            await self.poll_leases()
+            outcome = await self.poll_leases(deadline=deadline)
         except Exception as e:  # parked: the subscription reports it on the next call
             log.exception("%s: first pass failed", self.stream.name)
             await self.fail(e)
             return
+        if outcome is not None:
+            opened, wanted, why = outcome
+            if opened < wanted:
+                raise StartError(f"{self.stream.name}: {opened} of {wanted} shards opened within {timeout_s:.0f} s"
+                                 f" ({why})", started=opened, total=wanted)
         self._task = asyncio.create_task(self._control_loop(), name=f"coordinator-{self.stream.name}")
 
     async def _control_loop(self) -> None:
@@ -201,9 +290,13 @@ class CoordinatorCore:
                     log.warning("%s: ListShards failed (%r); retrying next interval", cfg.name, e)
             next_poll = now + cfg.lease_poll_interval_s
             try:
-                await self.poll_leases(wait_readers=False)
+                await self.poll_leases()
             except Exception as e:
                 log.warning("%s: lease poll failed (%r); retrying next interval", cfg.name, e)
+            try:
+                self._upkeep()
+            except Exception as e:
+                log.warning("%s: reader pool upkeep failed (%r)", cfg.name, e)
 
     async def close(self, *, release: bool = True, grace_s: float = 5.0) -> None:
         """Stop the loop and every reader; with ``release`` their leases are released after
@@ -215,19 +308,47 @@ class CoordinatorCore:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._starting:  # let readers being started become slots, so they are stopped and released
-            await asyncio.wait(list(self._starting.values()), timeout=self._call_timeout_s)
-        slots = list(self._slots.values())
-        self._slots.clear()
-        await asyncio.gather(*(self._stop_slot(s, release, grace_s) for s in slots), return_exceptions=True)
+        if self._background:  # opens under way: let them land (bounded), so they are stopped too
+            await asyncio.wait(list(self._background), timeout=grace_s)
+        readers = [r for r in self._readers.values() if r.handle is not None]
+        await asyncio.gather(*(self._stop_reader(r, release, grace_s) for r in readers), return_exceptions=True)
+        if release:
+            await self._release_unplaced()
         if release and self._handoffs:
             await self._withdraw_handoffs()
         if release and self._presence_task is not None:
             try:
-                await asyncio.to_thread(self.store.remove_presence, self.stream.name, self.owner_id)  # type: ignore[attr-defined]
+                await self._io(self.store.remove_presence, self.stream.name, self.owner_id)  # type: ignore[attr-defined]
             except Exception as e:
                 log.info("%s: could not delete the presence row (%r); it will go stale", self.stream.name, e)
+        self._held.clear()
+        self._threads.shutdown(wait=False)
         self._closed.set()
+
+    async def _stop_reader(self, reader: _Reader, release: bool, grace_s: float) -> None:
+        assert reader.handle is not None
+        if reader.watch is not None:
+            reader.watch.cancel()
+        if reader.ready and reader.shards:
+            try:
+                await asyncio.wait_for(reader.handle.stop(None, release, grace_s), grace_s + self._call_timeout_s)
+            except Exception as e:
+                log.info("reader %d did not stop cleanly (%r)", reader.id, e)
+        reader.handle.kill()
+        self._readers.pop(reader.id, None)
+
+    async def _release_unplaced(self) -> None:
+        """Closing: release the rows we hold with no reader (re-take, then release), so
+        another instance does not wait a lease duration for them."""
+        for shard_id, held in list(self._held.items()):
+            if held.reader is not None:
+                continue
+            try:
+                lease = await self._take(shard_id)
+                if lease is not None:
+                    await self._io(self.store.release, lease)
+            except Exception as e:
+                log.info("shard %s: could not release (%r); the lease will expire", shard_id, e)
 
     async def _withdraw_handoffs(self) -> None:
         """Closing: take back our handoff requests, and release a row handed over meanwhile
@@ -236,14 +357,13 @@ class CoordinatorCore:
         for shard_id in sorted(self._handoffs):
             try:
                 for _ in range(3):
-                    if await asyncio.to_thread(store.withdraw_handoff, stream, shard_id, owner=me):  # type: ignore[attr-defined]
+                    if await self._io(store.withdraw_handoff, stream, shard_id, owner=me):  # type: ignore[attr-defined]
                         break
-                    row = await asyncio.to_thread(store.get, stream, shard_id)
+                    row = await self._io(store.get, stream, shard_id)
                     if row is not None and row.owner == me:
-                        lease = await asyncio.to_thread(store.take, stream, shard_id, owner=me,
-                                                        duration_s=self.lease_duration_s)
+                        lease = await self._take(shard_id)
                         if lease is not None:
-                            await asyncio.to_thread(store.release, lease)
+                            await self._io(store.release, lease)
                         break
             except Exception as e:
                 log.info("shard %s: could not withdraw the handoff request (%r)", shard_id, e)
@@ -253,20 +373,11 @@ class CoordinatorCore:
         """Heartbeat this instance's presence row every ``renew_interval_s`` (it lasts one lease duration)."""
         while not self._closing:
             try:
-                await asyncio.to_thread(self.store.heartbeat, self.stream.name, self.owner_id,  # type: ignore[attr-defined]
-                                        duration_s=self.lease_duration_s)
+                await self._io(self.store.heartbeat, self.stream.name, self.owner_id,  # type: ignore[attr-defined]
+                               duration_s=self.lease_duration_s)
             except Exception as e:
                 log.info("%s: presence heartbeat failed (%r); retrying", self.stream.name, e)
             await asyncio.sleep(self.renew_interval_s)
-
-    async def _stop_slot(self, slot: _Slot, release: bool, grace_s: float) -> None:
-        if slot.watch is not None:
-            slot.watch.cancel()
-        try:
-            await asyncio.wait_for(slot.handle.stop(release, grace_s), grace_s + self._call_timeout_s)
-        except Exception as e:
-            log.info("shard %s: reader did not stop cleanly (%r)", slot.shard.shard_id, e)
-        slot.handle.kill()
 
     async def fail(self, error: BaseException) -> None:
         """Park a fatal error, tell ``on_fatal``, stop every reader (releasing)."""
@@ -293,14 +404,214 @@ class CoordinatorCore:
         except asyncio.TimeoutError:
             return False
 
+    # ------------------------------------------------------------------ the reader pool
+    def _live_readers(self) -> list[_Reader]:
+        return list(self._readers.values())
+
+    def _room_left(self) -> int:
+        """Leases the ready readers can still take."""
+        cap = self.max_shards_per_reader
+        return sum(max(0, cap - len(r.shards)) for r in self._readers.values() if r.ready)
+
+    def _upkeep(self) -> None:
+        """Keep the pool at :func:`pool_size` of the leases held (start readers in the
+        background, with backoff after failures; stop idle readers beyond it), and place
+        leases waiting for room."""
+        if self._closing:
+            return
+        self._grow_pool(len(self._held))
+        target = pool_size(len(self._held), self.max_shards_per_reader)
+        idle = [r for r in self._readers.values() if r.ready and not r.shards]
+        extra = len(self._readers) - target
+        for reader in sorted(idle, key=lambda r: -r.id)[:max(0, extra)]:
+            log.info("reader %d idle beyond the pool size (%d); stopping it", reader.id, target)
+            if reader.watch is not None:
+                reader.watch.cancel()
+            assert reader.handle is not None
+            reader.handle.kill()
+            self._readers.pop(reader.id, None)
+        if any(h.reader is None and not h.placing for h in self._held.values()):
+            self._spawn(self._place_unplaced(), "place")
+
+    def _grow_pool(self, leases: int) -> None:
+        """Start readers (in parallel, in the background) until the pool has
+        :func:`pool_size` of ``leases``; after a failed start, wait for the backoff."""
+        if self._closing or self._clock() < self._start_backoff_until:
+            return
+        missing = pool_size(leases, self.max_shards_per_reader) - len(self._readers)
+        for _ in range(max(0, missing)):
+            reader = _Reader(next(self._reader_ids))
+            self._readers[reader.id] = reader
+            self._spawn(self._start_reader(reader), f"reader-{reader.id}")
+
+    async def _start_reader(self, reader: _Reader) -> None:
+        """Create reader ``reader.id`` and wait until it answers; on failure forget it (the
+        upkeep retries with backoff, and the error is kept for :class:`StartError`)."""
+        try:
+            reader.handle = self._launch(reader.id)
+            await asyncio.wait_for(reader.handle.ping(), self._reader_start_timeout_s)
+        except Exception as e:
+            self._readers.pop(reader.id, None)
+            if reader.handle is not None:
+                reader.handle.kill()
+            self.counters["reader_start_failures"] += 1
+            self._start_failures_in_a_row += 1
+            self._last_start_error = e
+            pause = min(30.0, 0.5 * 2 ** (self._start_failures_in_a_row - 1))
+            self._start_backoff_until = self._clock() + pause
+            log.warning("reader %d failed to start (%r); the pool retries in %.1f s", reader.id, e, pause)
+            return
+        if self._closing:
+            reader.handle.kill()
+            self._readers.pop(reader.id, None)
+            return
+        self._start_failures_in_a_row = 0
+        reader.ready = True
+        reader.watch = asyncio.create_task(self._watch(reader), name=f"watch-{reader.id}")
+        log.info("reader %d ready (%d in the pool)", reader.id, len(self._readers))
+        self._room.set()
+        if any(h.reader is None and not h.placing for h in self._held.values()):
+            self._spawn(self._place_unplaced(), "place")
+
+    async def _wait_for_room(self, leases: int, deadline: float) -> None:
+        """First pass: wait until the ready readers have room for ``leases`` more, or the
+        deadline, or reader starts failed :data:`_START_FAILURES_FATAL` times in a row (a
+        bad ``runtime_env``, resources no node has: waiting longer would not help)."""
+        while (self._room_left() < leases and self._clock() < deadline and not self._closing
+               and self._start_failures_in_a_row < _START_FAILURES_FATAL):
+            self._room.clear()
+            self._grow_pool(len(self._held) + leases)
+            try:
+                await asyncio.wait_for(self._room.wait(), min(0.5, max(0.0, deadline - self._clock())))
+            except asyncio.TimeoutError:
+                pass
+
+    # ------------------------------------------------------------------ reader reports
+    async def _watch(self, reader: _Reader) -> None:
+        """Follow one reader: apply what its consumers report; re-home its leases if it dies."""
+        handle = reader.handle
+        assert handle is not None
+        while not self._closing:
+            try:
+                events = await asyncio.wait_for(handle.events(_EVENTS_POLL_S), _EVENTS_POLL_S + self._call_timeout_s)
+            except ReaderUnreachable:
+                await asyncio.sleep(min(1.0, self.renew_interval_s))
+                continue
+            except ReaderGone as e:
+                if not self._closing:
+                    await self._reader_died(reader, e)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a slow answer: ask again
+                log.info("reader %d: events call failed (%r); retrying", reader.id, e)
+                await asyncio.sleep(min(1.0, self.renew_interval_s))
+                continue
+            for event in events:
+                await self._apply(reader, event)
+
+    async def _apply(self, reader: _Reader, event: ShardEvent) -> None:
+        """A consumer of ``reader`` ended: free its place and count how."""
+        shard_id = event.shard_id
+        held = self._held.get(shard_id)
+        reader.shards.discard(shard_id)
+        if held is None or held.reader is not reader:
+            return  # stale: the lease moved on already
+        del self._held[shard_id]
+        self._room.set()
+        state = ConsumerState(event.state)
+        if state is ConsumerState.SHARD_ENDED:
+            self._finished.add(shard_id)
+            self.counters["shards_ended"] += 1
+            self._wake.set()  # children may be readable now
+        elif state is ConsumerState.LOST:
+            self.counters["leases_lost"] += 1
+        elif state is ConsumerState.HANDED_OVER:
+            self.counters["leases_handed_over"] += 1
+        elif state is ConsumerState.FAILED:
+            error = event.error
+            await self.fail(error if isinstance(error, KinesisError)
+                            else KinesisError(f"shard {shard_id}: {error!r}"))
+
+    async def _reader_died(self, reader: _Reader, why: BaseException) -> None:
+        """Re-home the leases of a dead reader on live readers at once; start a replacement
+        in the background (the leases do not wait for it when there is room)."""
+        self._readers.pop(reader.id, None)
+        reader.ready = False
+        if reader.handle is not None:
+            reader.handle.kill()
+        moved = sorted(reader.shards)
+        reader.shards.clear()
+        self.counters["readers_replaced"] += 1
+        log.warning("reader %d died (%s); re-homing %d leases under owner %s", reader.id, why, len(moved),
+                    self.owner_id)
+        for shard_id in moved:
+            held = self._held.get(shard_id)
+            if held is not None and held.reader is reader:
+                held.reader, held.opened = None, False
+        self._grow_pool(len(self._held))
+        await self._place_unplaced()
+
+    async def _place_unplaced(self) -> None:
+        """Re-take and open every held lease that has no reader, on readers with room."""
+        waiting = [h for h in self._held.values() if h.reader is None and not h.placing]
+        placing = []
+        for held in waiting:
+            reader = pick_reader(self._readers.values(), self.max_shards_per_reader)
+            if reader is None:
+                break  # no room yet: placed when a reader becomes ready
+            held.placing = True
+            held.reader = reader
+            reader.shards.add(held.shard.shard_id)  # the room is ours before any await
+            placing.append(held)
+        await asyncio.gather(*(self._rehome(h) for h in placing), return_exceptions=True)
+
+    async def _rehome(self, held: _Held) -> None:
+        shard_id = held.shard.shard_id
+        reader = held.reader
+        assert reader is not None
+        try:
+            lease = None
+            for _ in range(3):  # a write of the old loop may race the re-take: read again
+                lease = await self._take(shard_id)
+                if lease is not None:
+                    break
+                row = await self._io(self.store.get, self.stream.name, shard_id)
+                if row is None or row.owner != self.owner_id:
+                    break
+            if lease is None or lease.finished:
+                log.info("shard %s: no longer ours to re-home", shard_id)
+                self._drop(held)
+                if lease is not None:
+                    self._finished.add(shard_id)
+                    await self._io(self.store.release, lease)
+                return
+            self.counters["shards_rehomed"] += 1
+            await self._open_on(held, lease)
+        except Exception as e:
+            log.warning("shard %s: re-homing failed (%r); retried at the next poll", shard_id, e)
+            if self._held.get(shard_id) is held and held.reader is reader and not held.opened:
+                reader.shards.discard(shard_id)
+                held.reader = None
+        finally:
+            held.placing = False
+
+    def _drop(self, held: _Held) -> None:
+        shard_id = held.shard.shard_id
+        if held.reader is not None:
+            held.reader.shards.discard(shard_id)
+        if self._held.get(shard_id) is held:
+            del self._held[shard_id]
+        self._room.set()
+
     # ------------------------------------------------------------------ steps
     async def sync_shards(self) -> None:
         """``ListShards`` (every ``shard_sync_interval_s``); ``DescribeStreamSummary`` once,
         for the stream's identity."""
         if not self._identity_known:
-            self._identity = await asyncio.to_thread(self._describe_identity)
+            self._identity = await self._io(self._describe_identity)
             self._identity_known = True
-        shards = await asyncio.to_thread(list_shards, self._kinesis, self.stream.name)
+        shards = await self._io(list_shards, self._kinesis, self.stream.name)
         self._shards = {s.shard_id: s for s in shards}
 
     def _describe_identity(self) -> tuple[str, int] | None:
@@ -337,15 +648,17 @@ class CoordinatorCore:
                 return False
         return True
 
-    async def poll_leases(self, *, wait_readers: bool = True) -> None:
-        """Read the lease table; take free, expired and own leases of readable shards and start
-        readers; below the balancing target, ask the most loaded instance for handoffs.
+    async def poll_leases(self, *, deadline: float | None = None) -> tuple[int, int, str] | None:
+        """Read the lease table; take free, expired and own leases of readable shards (as
+        many as the ready readers have room for) and open them; below the balancing
+        target, ask the most loaded instance for handoffs.
 
-        ``wait_readers``: wait until the new readers hold their first iterator (the first
-        pass); the control loop starts them in the background instead, so a slow actor
-        start never delays the next poll (a handed-over row must be taken promptly).
+        ``deadline`` (the first pass): grow the pool and wait for room for every lease to
+        take, then wait until each is open or the deadline passes, and return
+        ``(opened, taken, why the others did not open)``. Without it (the control loop)
+        the opens run in the background, so a slow reader never delays the next poll.
         """
-        rows, live = await asyncio.to_thread(self._read_table)
+        rows, live = await self._io(self._read_table)
         rows = self._this_incarnation(rows)
         coordinator_tick(self)  # metrics: lease figures, once per poll
         self._finished |= {sid for sid, row in rows.items() if row.finished}
@@ -354,62 +667,125 @@ class CoordinatorCore:
         now = self._clock()
         may_steal = live is not None and now - self._last_steal >= 0.9 * self.stream.lease_poll_interval_s
         plan = plan_leases(self.owner_id, [self._shard_state(sid, rows.get(sid)) for sid in readable],
-                           held=self._slots.keys() | self._starting.keys(), live_instances=live or (),
+                           held=self._held.keys(), live_instances=live or (),
                            max_leases=self.stream.max_leases,
                            max_leases_to_steal=self.stream.max_leases_to_steal if may_steal else 0)
         self.last_plan = plan
-        taken = await self._settle_handoffs(rows, now)
-        for shard_id in plan.take:
-            if self._closing:
-                return
-            shard = self._shards[shard_id]
-            lease = await asyncio.to_thread(self.store.take, self.stream.name, shard_id, owner=self.owner_id,
-                                            duration_s=self.lease_duration_s, parent_shard_ids=shard.parent_shard_ids,
-                                            stream_identity=self._identity)
-            if lease is None:
-                continue
-            if lease.finished:
-                self._finished.add(shard_id)
-                await asyncio.to_thread(self.store.release, lease)
-                continue
-            self.counters["leases_taken"] += 1
-            if self._handoffs.pop(shard_id, None) is not None:
-                self.counters["handoffs_received"] += 1
-            taken.append((shard, lease))
+        forced = await self._settle_handoffs(rows, now)
+        wanted = [sid for sid in plan.take]
+        if deadline is not None:
+            await self._wait_for_room(len(wanted) + len(forced), deadline)
+        else:
+            self._grow_pool(len(self._held) + len(wanted) + len(forced))
+        room = self._room_left() - len(forced)
+        no_room = max(0, len(wanted) - max(0, room))
+        if no_room:
+            log.info("%s: room for %d of %d leases to take now; the pool is growing", self.stream.name,
+                     len(wanted) - no_room, len(wanted))
+            wanted = wanted[:len(wanted) - no_room]
+        taken = [t for t in await asyncio.gather(*(self._take_new(sid, rows) for sid in wanted)) if t is not None]
         if plan.steal:
             self._last_steal = now
         for shard_id, victim in plan.steal:
             row = rows[shard_id]
-            if await asyncio.to_thread(self.store.request_handoff, self.stream.name, shard_id,  # type: ignore[attr-defined]
-                                       owner=self.owner_id, expect_counter=row.counter):
+            if await self._io(self.store.request_handoff, self.stream.name, shard_id,  # type: ignore[attr-defined]
+                              owner=self.owner_id, expect_counter=row.counter):
                 self._handoffs[shard_id] = (victim, now)
                 self.counters["handoffs_requested"] += 1
                 log.info("shard %s: asked %s for a handoff (target %d, live %s)", shard_id, victim, plan.target,
                          ",".join(plan.live))
-        # Readers start concurrently (Ray starts actors about two at a time on 2 cores).
-        starts = [self._begin_start(s, lease) for s, lease in taken]
-        if wait_readers:
-            errors = [e for e in await asyncio.gather(*starts) if e is not None]
-            if errors:
-                raise errors[0]
+        opens = []
+        for shard, lease in [*forced, *taken]:
+            if self._closing:
+                break
+            reader = pick_reader(self._readers.values(), self.max_shards_per_reader)
+            held = self._held[shard.shard_id] = _Held(shard)
+            if reader is None:  # no room after all: the upkeep places it once a reader is ready
+                continue
+            held.reader = reader
+            reader.shards.add(shard.shard_id)
+            opens.append((held, lease))
+        if deadline is None:
+            for held, lease in opens:
+                self._spawn(self._open_on(held, lease), f"open-{held.shard.shard_id}")
+            return None
+        tasks = [asyncio.ensure_future(self._open_on(held, lease)) for held, lease in opens]
+        done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - self._clock())) if tasks else (set(), set())
+        for task in tasks:
+            if task not in done:
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+        events = [t.result() for t in done if t.exception() is None]
+        failures = [t.exception() for t in done if t.exception() is not None]
+        opened = sum(1 for e in events if e is not None and e.state == ConsumerState.PROCESSING.value)
+        ended = sum(1 for e in events if e is not None and e.state != ConsumerState.PROCESSING.value
+                    and e.error is None)  # lost or finished meanwhile: not ours to open
+        failed = [e.error for e in events if e is not None and e.error is not None] + failures
+        if failed:
+            raise failed[0]  # type: ignore[misc]
+        without_reader = no_room + len(forced) + len(taken) - len(opens)
+        return (opened, len(forced) + len(taken) - ended + no_room,
+                self._why_not_open(len(tasks) - len(done), without_reader))
 
-    def _begin_start(self, shard: ShardInfo, lease: Lease) -> asyncio.Task[Exception | None]:
-        """Start a reader as a task (its error is its result); the shard counts as held meanwhile."""
-        shard_id = shard.shard_id
+    def _why_not_open(self, still_opening: int, without_reader: int) -> str:
+        parts = []
+        starting = sum(1 for r in self._readers.values() if not r.ready)
+        if without_reader:
+            parts.append(f"{without_reader} leases had no room: {starting} readers still starting")
+        if self._last_start_error is not None:
+            parts.append(f"{self.counters['reader_start_failures']} reader starts failed, the last with "
+                         f"{self._last_start_error!r:.300}")
+        if still_opening:
+            parts.append(f"{still_opening} shards still opening (GetShardIterator or the lease table slow)")
+        return "; ".join(parts) or "no reason recorded"
 
-        async def run() -> Exception | None:
-            try:
-                await self._start_reader(shard, lease)
-                return None
-            except Exception as e:
-                log.warning("shard %s: starting its reader failed (%r); the lease poll will retry", shard_id, e)
-                return e
-            finally:
-                self._starting.pop(shard_id, None)
+    async def _take(self, shard_id: str) -> Lease | None:
+        shard = self._shards.get(shard_id)
+        return await self._io(self.store.take, self.stream.name, shard_id, owner=self.owner_id,
+                              duration_s=self.lease_duration_s,
+                              parent_shard_ids=shard.parent_shard_ids if shard else (),
+                              stream_identity=self._identity)
 
-        task = asyncio.create_task(run(), name=f"start-{shard_id}")
-        self._starting[shard_id] = task
-        return task
+    async def _take_new(self, shard_id: str, rows: dict[str, Lease]) -> tuple[ShardInfo, Lease] | None:
+        """Take one lease the plan chose; None if another instance holds it or it is finished."""
+        lease = await self._take(shard_id)
+        if lease is None or self._closing or shard_id in self._held:
+            return None
+        if lease.finished:
+            self._finished.add(shard_id)
+            await self._io(self.store.release, lease)
+            return None
+        self.counters["leases_taken"] += 1
+        if self._handoffs.pop(shard_id, None) is not None:
+            self.counters["handoffs_received"] += 1
+        return self._shards[shard_id], lease
+
+    async def _open_on(self, held: _Held, lease: Lease) -> ShardEvent | None:
+        """Open ``lease`` on the reader ``held`` was placed on; returns what the reader said
+        (None if the reader died or did not answer: its watch re-homes or reports it)."""
+        reader = held.reader
+        assert reader is not None and reader.handle is not None
+        shard_id = held.shard.shard_id
+        try:
+            event = await asyncio.wait_for(reader.handle.add(self._spec(held.shard), lease), self._call_timeout_s)
+        except (ReaderGone, ReaderUnreachable, asyncio.TimeoutError) as e:
+            log.info("shard %s: reader %d did not confirm the open (%r)", shard_id, reader.id, e)
+            return None
+        if event.state == ConsumerState.PROCESSING.value:
+            held.opened = True
+            log.info("shard %s: open on reader %d (lease counter %d)", shard_id, reader.id, lease.counter)
+        return event
+
+    def _spec(self, shard: ShardInfo) -> ReaderSpec:
+        cfg = self.stream
+        return ReaderSpec(
+            stream=cfg.name, shard_id=shard.shard_id, owner_id=self.owner_id,
+            start_at=StartAt.trim_horizon() if shard.parent_shard_ids else cfg.start_at,
+            lease_duration_s=self.lease_duration_s, renew_interval_s=self.renew_interval_s,
+            ending_sequence_number=shard.ending_sequence_number, max_records=cfg.max_records,
+            idle_wait_s=cfg.idle_wait_s, max_idle_wait_s=cfg.max_idle_wait_s, max_sink_retries=cfg.max_sink_retries,
+            dead_letter=cfg.dead_letter,
+        )
 
     def _read_table(self) -> tuple[dict[str, Lease], list[str] | None]:
         """The stream's shard rows and the live instances (None: the store has no presence rows)."""
@@ -427,26 +803,26 @@ class CoordinatorCore:
 
     async def _settle_handoffs(self, rows: dict[str, Lease], now: float) -> list[tuple[ShardInfo, Lease]]:
         """Follow our handoff requests: forget those the table no longer shows, force those
-        unanswered past ``handoff_timeout_s``. Returns forced leases (readers to start)."""
+        unanswered past ``handoff_timeout_s``. Returns forced leases (to open)."""
         for shard_id, row in rows.items():  # requests we made before a restart
             if row.next_owner == self.owner_id and row.owner not in (None, self.owner_id):
                 self._handoffs.setdefault(shard_id, (row.owner, now))
         forced: list[tuple[ShardInfo, Lease]] = []
         for shard_id, (victim, since) in list(self._handoffs.items()):
             row = rows.get(shard_id)
-            if row is None or row.finished or shard_id in self._slots or shard_id in self._starting:
+            if row is None or row.finished or shard_id in self._held:
                 self._handoffs.pop(shard_id, None)
                 continue
             if row.owner == self.owner_id:
-                continue  # handed over: the take below starts its reader
+                continue  # handed over: the take below opens it
             if row.next_owner != self.owner_id or row.owner is None:
                 self._handoffs.pop(shard_id, None)  # taken, released or asked by another since
                 continue
             if now - since < self._handoff_timeout_s or shard_id not in self._shards:
                 continue
             self._handoffs.pop(shard_id, None)
-            lease = await asyncio.to_thread(self.store.force_handoff, self.stream.name, shard_id,  # type: ignore[attr-defined]
-                                            owner=self.owner_id, duration_s=self.lease_duration_s)
+            lease = await self._io(self.store.force_handoff, self.stream.name, shard_id,  # type: ignore[attr-defined]
+                                   owner=self.owner_id, duration_s=self.lease_duration_s)
             if lease is not None:
                 self.counters["handoffs_forced"] += 1
                 self.counters["leases_taken"] += 1
@@ -455,136 +831,52 @@ class CoordinatorCore:
                 forced.append((self._shards[shard_id], lease))
         return forced
 
-    async def _start_reader(self, shard: ShardInfo, lease: Lease) -> None:
-        cfg = self.stream
-        spec = ReaderSpec(
-            stream=cfg.name, shard_id=shard.shard_id, owner_id=self.owner_id,
-            start_at=StartAt.trim_horizon() if shard.parent_shard_ids else cfg.start_at,
-            lease_duration_s=self.lease_duration_s, renew_interval_s=self.renew_interval_s, aws=self.aws,
-            ending_sequence_number=shard.ending_sequence_number, max_records=cfg.max_records,
-            idle_wait_s=cfg.idle_wait_s, max_sink_retries=cfg.max_sink_retries, sink_method=cfg.sink_method,
-            dead_letter=cfg.dead_letter,
-        )
-        handle = self._launch(spec, lease)
-        try:
-            lease = await asyncio.wait_for(self._keep_until_ready(handle, lease), self._call_timeout_s)
-            await asyncio.wait_for(handle.open(lease), self._call_timeout_s)
-            await asyncio.wait_for(handle.start(), self._call_timeout_s)
-        except Exception as e:
-            handle.kill()
-            if isinstance(e, LeaseLostError):
-                log.info("shard %s: lease lost while opening", shard.shard_id)
-                return
-            if isinstance(e, _HandedOver):
-                self.counters["leases_handed_over"] += 1
-                log.info("shard %s: handed over to %s before its reader started", shard.shard_id, e)
-                return
-            raise
-        slot = _Slot(shard, handle)
-        self._slots[shard.shard_id] = slot
-        slot.watch = asyncio.create_task(self._watch(slot), name=f"watch-{shard.shard_id}")
-        log.info("shard %s: reader started (lease counter %d)", shard.shard_id, lease.counter)
-
-    async def _keep_until_ready(self, handle: ReaderHandle, lease: Lease) -> Lease:
-        """Renew ``lease`` every ``renew_interval_s`` until the reader's actor answers (starting
-        an actor can take longer than a short lease); returns the latest Lease for ``open``.
-
-        A handoff requested meanwhile is honoured at once (nothing was read yet): the row
-        goes to the asker and ``_HandedOver`` is raised.
-
-        Raises:
-            LeaseLostError: the lease was taken meanwhile. ReaderGone: the actor died.
-        """
-        ready = asyncio.ensure_future(handle.ping())
-        try:
-            while True:
-                done, _ = await asyncio.wait({ready}, timeout=self.renew_interval_s)
-                if done:
-                    ready.result()
-                    return lease
-                try:
-                    lease = await asyncio.to_thread(self.store.renew, lease)
-                except LeaseLostError:
-                    raise
-                except Exception as e:  # throttled or unreachable: the reader will find out
-                    log.info("shard %s: renewing while the reader starts failed (%r)", lease.shard_id, e)
-                    continue
-                if lease.next_owner and lease.next_owner != self.owner_id:
-                    await asyncio.to_thread(self.store.hand_over, lease)  # type: ignore[attr-defined]
-                    raise _HandedOver(lease.next_owner)
-        finally:
-            if not ready.done():
-                ready.cancel()
-
-    async def _watch(self, slot: _Slot) -> None:
-        """Await the reader's end; replace it at once if it died."""
-        shard_id = slot.shard.shard_id
-        while True:
-            try:
-                outcome = await slot.handle.join()
-                break
-            except ReaderUnreachable:
-                await asyncio.sleep(min(1.0, self.renew_interval_s))
-                continue
-            except ReaderGone as e:
-                log.warning("shard %s: reader died (%s); replacing it under owner %s", shard_id, e, self.owner_id)
-                self._slots.pop(shard_id, None)
-                slot.handle.kill()
-                if self._closing:
-                    return
-                self.counters["readers_replaced"] += 1
-                await self._replace(slot.shard)
-                return
-            except asyncio.CancelledError:
-                raise
-            except BaseException as e:  # fatal: SinkError, StreamError, ...
-                self._slots.pop(shard_id, None)
-                await self.fail(e if isinstance(e, KinesisError) else KinesisError(f"shard {shard_id}: {e!r}"))
-                return
-        self._slots.pop(shard_id, None)
-        slot.handle.kill()
-        if outcome == ReaderOutcome.SHARD_END:
-            self._finished.add(shard_id)
-            self.counters["shards_ended"] += 1
-            self._wake.set()  # children may be readable now
-        elif outcome == ReaderOutcome.LOST:
-            self.counters["leases_lost"] += 1
-        elif outcome == ReaderOutcome.HANDED_OVER:
-            self.counters["leases_handed_over"] += 1
-
-    async def _replace(self, shard: ShardInfo) -> None:
-        try:
-            lease = await asyncio.to_thread(self.store.take, self.stream.name, shard.shard_id,
-                                            owner=self.owner_id, duration_s=self.lease_duration_s)
-            if lease is not None and not lease.finished:
-                await self._start_reader(shard, lease)
-        except Exception as e:
-            log.warning("shard %s: replacement failed (%r); the lease poll will retry", shard.shard_id, e)
-
     # ------------------------------------------------------------------ queries and control
     async def stats(self) -> dict[str, Any]:
-        """Per-shard figures of the running readers plus this instance's lease counts."""
-        async def one(slot: _Slot) -> None:
+        """Per-shard figures of the open consumers, per-reader figures, and this
+        instance's lease counts."""
+        readers: list[dict[str, Any]] = []
+
+        async def one(reader: _Reader) -> None:
+            assert reader.handle is not None
             try:
-                self._last_stats[slot.shard.shard_id] = await asyncio.wait_for(slot.handle.stats(), 5.0)
+                got = await asyncio.wait_for(reader.handle.stats(), 5.0)
             except Exception:
-                pass
-        await asyncio.gather(*(one(s) for s in list(self._slots.values())))
+                return
+            readers.append({"reader": reader.id, **got["reader"]})
+            for sid, figures in got["shards"].items():
+                self._last_stats[sid] = {**figures, **{k: got["reader"].get(k) for k in ("node_id", "pid")},
+                                         "reader": reader.id}
+
+        await asyncio.gather(*(one(r) for r in list(self._readers.values()) if r.ready))
         plan = self.last_plan
-        return {"owner_id": self.owner_id, "stream": self.stream.name, "leases_held": len(self._slots),
+        return {"owner_id": self.owner_id, "stream": self.stream.name, "leases_held": len(self._held),
                 "target": plan.target if plan else None, "live_instances": list(plan.live) if plan else [],
-                "handoffs_pending": sorted(self._handoffs),
+                "handoffs_pending": sorted(self._handoffs), "readers": sorted(readers, key=lambda r: r["reader"]),
+                "max_shards_per_reader": self.max_shards_per_reader,
                 **self.counters, "shards": {k: v for k, v in self._last_stats.items()}}
 
     def held(self) -> list[str]:
-        """Shard ids with a running reader."""
-        return sorted(self._slots)
+        """Shard ids this instance holds (open, opening, or waiting for room on a reader)."""
+        return sorted(self._held)
 
     async def seek(self, position: StartAt, shard_id: str | None) -> list[str]:
         """Reopen the held shards (or one) at ``position``; returns the shard ids sought."""
-        targets = [s for sid, s in self._slots.items() if shard_id is None or sid == shard_id]
-        await asyncio.gather(*(asyncio.wait_for(s.handle.seek(position), self._call_timeout_s) for s in targets))
-        return sorted(s.shard.shard_id for s in targets)
+        targets = [h for sid, h in self._held.items() if (shard_id is None or sid == shard_id)
+                   and h.reader is not None and h.opened]
+
+        async def one(held: _Held) -> str | None:
+            assert held.reader is not None and held.reader.handle is not None
+            done = await asyncio.wait_for(held.reader.handle.seek(held.shard.shard_id, position), self._call_timeout_s)
+            return held.shard.shard_id if done else None
+
+        moved = await asyncio.gather(*(one(h) for h in targets))
+        return sorted(sid for sid in moved if sid is not None)
+
+    def reader_of(self) -> dict[str, ReaderHandle]:
+        """The reader handle of each held shard that has one."""
+        return {sid: h.reader.handle for sid, h in self._held.items()
+                if h.reader is not None and h.reader.handle is not None}
 
 
 # ---------------------------------------------------------------------- Ray shells
@@ -603,30 +895,27 @@ class _RayReaderHandle:
             raise ReaderUnreachable(repr(e)) from e
         except rex.RayActorError as e:
             raise ReaderGone(type(e).__name__) from e
-        except rex.RayTaskError as e:  # the reader's own error (SinkError, LeaseLostError...), unwrapped
+        except rex.RayTaskError as e:  # the reader's own error, unwrapped
             cause = e.cause if isinstance(e.cause, BaseException) else e
             raise cause from None
 
-    async def open(self, lease: Lease | None = None) -> None:
-        await self._call("open", lease)
+    async def ping(self) -> None:
+        await self._call("ping")
 
-    async def start(self) -> None:
-        await self._call("start")
+    async def add(self, spec: ReaderSpec, lease: Lease) -> ShardEvent:
+        return await self._call("add", spec, lease)
 
-    async def join(self) -> str:
-        return await self._call("join")
+    async def events(self, timeout_s: float) -> list[ShardEvent]:
+        return await self._call("events", timeout_s)
 
-    async def stop(self, release: bool, grace_s: float) -> None:
-        await self._call("stop", release, grace_s)
+    async def stop(self, shard_id: str | None, release: bool, grace_s: float) -> None:
+        await self._call("stop", shard_id, release, grace_s)
 
-    async def seek(self, position: StartAt) -> None:
-        await self._call("seek", position)
+    async def seek(self, shard_id: str, position: StartAt) -> bool:
+        return await self._call("seek", shard_id, position)
 
     async def stats(self) -> dict[str, Any]:
         return await self._call("stats")
-
-    async def ping(self) -> None:
-        await self._call("ping")
 
     def kill(self) -> None:
         import ray
@@ -652,24 +941,29 @@ def _make_ray_actor() -> Any:
         def __init__(self, stream: KinesisStream, aws: AwsSettings, store: LeaseStore, owner_id: str,
                      lease_duration_s: float, renew_interval_s: float, sink: Any, pull_queue: Any) -> None:
             logging.basicConfig(level=logging.INFO)
-            # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads via
-            # asyncio.to_thread, never on the event loop; Ray's once-per-process warning does not apply.
+            # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads,
+            # never on the event loop; Ray's once-per-process warning does not apply.
             import ray._private.worker as _ray_worker
+
+            from .reader import kinesis_call_timeout_s
 
             _ray_worker.blocking_get_inside_async_warned = True
             options = stream.actor_options()
             target = sink if sink is not None else pull_queue
+            method = stream.sink_method if sink is not None else "process_batch"
+            call_timeout_s = kinesis_call_timeout_s(lease_duration_s)
 
-            def launch(spec: ReaderSpec, lease: Lease) -> ReaderHandle:
-                return _RayReaderHandle(ShardReader.options(**options).remote(spec, lease, store, target))
+            def launch(_: int) -> ReaderHandle:
+                return _RayReaderHandle(ShardReader.options(**options).remote(
+                    store, target, method, aws, call_timeout_s, stream.max_buffered_bytes))
 
             on_fatal = (lambda err: pull_queue.fail.remote(err)) if pull_queue is not None else None
             self.core = CoordinatorCore(stream, aws=aws, store=store, owner_id=owner_id,
                                         lease_duration_s=lease_duration_s, renew_interval_s=renew_interval_s,
                                         launcher=launch, kinesis=aws.client("kinesis"), on_fatal=on_fatal)
 
-        async def start(self) -> None:
-            await self.core.start()
+        async def start(self, timeout_s: float = 120.0) -> None:
+            await self.core.start(timeout_s)
 
         async def close(self, release: bool = True, grace_s: float = 5.0) -> None:
             await self.core.close(release=release, grace_s=grace_s)
@@ -693,8 +987,8 @@ def _make_ray_actor() -> Any:
             return True
 
         def reader_handles(self) -> dict[str, Any]:
-            """Test hook: the ShardReader actor handle of each held shard."""
-            return {sid: slot.handle.actor for sid, slot in self.core._slots.items()}  # type: ignore[attr-defined]
+            """The ShardReader actor handle of each held shard (several shards share one)."""
+            return {sid: handle.actor for sid, handle in self.core.reader_of().items()}  # type: ignore[attr-defined]
 
     return Coordinator
 

@@ -8,7 +8,8 @@ Hierarchy::
     ├── StreamError                   stream missing / deleted / bad credentials
     ├── LeaseLostError                conditional write failed: someone else holds the lease
     ├── LeaseStoreError               lease table missing or unreachable past retries
-    └── SinkError                     the downstream gave up after ``max_sink_retries``
+    ├── SinkError                     the downstream gave up after ``max_sink_retries``
+    └── StartError                    ``subscribe()``'s first pass did not open every leased shard in time
 
 Every error carries ``retriable`` (a retry of the same call may succeed) and, when it
 was translated from botocore, ``aws_code`` (the AWS error code, e.g.
@@ -28,6 +29,7 @@ __all__ = [
     "LeaseLostError",
     "LeaseStoreError",
     "SinkError",
+    "StartError",
     "aws_error_code",
     "translate_aws_error",
     "is_throttling",
@@ -91,6 +93,31 @@ class LeaseStoreError(KinesisError):
 
 class SinkError(KinesisError):
     """The downstream raised on a batch ``max_sink_retries`` times; the cause is chained."""
+
+
+class StartError(KinesisError):
+    """``subscribe()`` could not open every shard it leased within ``start_timeout_s``.
+
+    The message says how many shards opened and why the others did not (readers still
+    starting or failing to start, opens timing out). Nothing was delivered; the leases
+    taken were released.
+
+    Attributes:
+        started: shards open (holding their first iterator) at the deadline.
+        total: shards leased by the first pass.
+    """
+
+    retriable = True
+
+    def __init__(self, message: str, *, started: int = 0, total: int = 0, aws_code: str | None = None,
+                 retriable: bool | None = None) -> None:
+        super().__init__(message, aws_code=aws_code, retriable=retriable)
+        self.started = started
+        self.total = total
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StartError, (str(self),), {"started": self.started, "total": self.total,
+                                            "aws_code": self.aws_code, "retriable": self.retriable})
 
 
 THROTTLING_CODES = frozenset(

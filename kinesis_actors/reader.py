@@ -1,80 +1,157 @@
-"""ShardReader: one shard lease, one read loop: GetRecords -> deliver -> acknowledge -> checkpoint.
+"""ShardReader: one process that holds many shard leases, one read loop (a :class:`ShardConsumer`) per lease.
 
-Fault model (what is checkpointed, what is idempotent):
+Layers, each testable alone:
+
+* :class:`ShardConsumer`: the life of one lease as an explicit state machine
+  (:class:`ConsumerState`): open the shard, then GetRecords -> deliver -> acknowledge ->
+  checkpoint, with its own renew task, until shard end, a lost lease, a stop or a handoff.
+  It reads through :class:`~kinesis_actors.kinesis.ShardFetcher`, the read path it
+  shares with ``read_kinesis``.
+* :class:`ShardReaderCore`: the consumers of one process (plain asyncio, no Ray): adds and
+  stops them, reports how each ended, and owns what they share: the thread pools of
+  blocking calls (:class:`ReaderIo`) and the byte budget (:class:`ByteBudget`).
+* :class:`ShardReader`: the thin Ray actor over :class:`ShardReaderCore`.
+
+Fault model (per consumer; every invariant of SPEC.md holds per loop, whatever else the
+process runs):
 
 * The checkpoint is written only after the downstream acknowledged the batch, so a
   crash anywhere re-delivers at most the batch in flight (at-least-once).
 * Every store write is conditional on the lease owner and counter (fencing). Writes of
-  one reader are serialised and always use the latest :class:`Lease`.
-* The renew task runs beside the read loop. It renews only while the loop shows signs
-  of life (a heartbeat stamped at every step and every ``renew_interval_s`` while it
-  waits on the downstream): a stuck loop lets its lease lapse; a slow downstream never does.
-* ``LeaseLostError`` stops the reader at once: nothing more is written, the batch in
-  flight is not acknowledged. Throttled or failing renewals are retried until the
-  reader's own deadline (last successful write + lease duration - a margin), then the
-  reader stops the same way.
-* Graceful handoff (lease balancing): when a write returns the lease with
-  ``lease_next_owner`` set (another instance asked for it), the loop stops at its next
-  step boundary: the batch in flight is delivered, acknowledged and checkpointed, records
-  fetched but not delivered are dropped, then one fenced ``hand_over`` write gives the
-  row to the asker, who resumes after that checkpoint (no duplicate).
-* ``GetRecords`` runs in a worker thread with a socket timeout shorter than the lease;
-  ``ExpiredIteratorException`` gets a new iterator after the last acknowledged record;
-  throttling backs off exponentially with jitter (first wait >= 0.2 s, cap 5 s). Calls
-  on one shard are never closer than 0.2 s (the 5 calls/s/shard limit).
+  one consumer are serialised and always use the latest :class:`Lease`; a lease is
+  valid from when its last successful write was SENT.
+* The renew task runs beside the loop. It renews only while the loop shows signs of life
+  (a heartbeat stamped at every step and every ``renew_interval_s / 2`` while it waits
+  on the downstream, on a backoff, on the byte budget or on a thread of the pool): a
+  stuck loop lets its lease lapse; a slow downstream never does.
+* ``LeaseLostError`` ends the consumer at once (``LOST``): nothing more is written, the
+  batch in flight is not acknowledged. Failing renewals (throttled, unreachable) are
+  retried until the consumer's deadline (last successful write + lease duration - a
+  margin), then it ends the same way. A consumer whose lease is in doubt (no successful
+  write for that deadline: a paused process) renews before handing a batch downstream,
+  so a resumed zombie is fenced before it delivers.
+* Graceful handoff: a write that returns the lease with ``lease_next_owner`` set (another
+  instance asked) moves the consumer to ``SHUTTING_DOWN``: the batch in flight is
+  delivered, acknowledged and checkpointed, records fetched but not delivered are
+  dropped, then one fenced ``hand_over`` write gives the row to the asker.
+* ``LATEST`` is resolved once: a first open records ``AT_TIMESTAMP`` of that moment in
+  ``start_position`` and reads from the ``LATEST`` iterator itself.
 
-:class:`ShardReaderCore` is a plain asyncio class (a unit test drives it with an
-in-process store and a fake Kinesis client); :class:`ShardReader` is the thin Ray actor.
+What consumers of one process share, and why none holds up another:
+
+* Blocking calls run in two bounded thread pools (:class:`ReaderIo`): Kinesis calls in
+  one, lease-store calls in the other, so a stuck ``GetRecords`` never delays a
+  renewal. Every Kinesis call has a socket timeout shorter than the lease (see
+  :attr:`ReaderSpec.call_timeout_s`); a stuck call holds one thread, not the pool.
+  Threads over botocore, not an async client: boto3 is what the rest of the library
+  and its users run, and aiobotocore pins an older botocore (see ENVIRONMENT.md). Each
+  pool has as many threads as its client has HTTP connections, so no connection is
+  ever opened and thrown away.
+* Fetched records wait for their acknowledgement inside one :class:`ByteBudget` per
+  process (``max_buffered_bytes``): a consumer fetches only when the budget admits it,
+  and the budget never holds more than ``max_buffered_bytes`` plus one ``GetRecords``
+  response, whatever the number of shards.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import enum
 import logging
 import os
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from .aws import AwsSettings
-from .errors import KinesisError, LeaseLostError, SinkError, StreamError, aws_error_code, is_throttling, translate_aws_error
+from .errors import InvalidError, KinesisError, LeaseLostError, SinkError
+from .kinesis import GET_RECORDS_MAX_BYTES, Fetched, ShardFetcher, backoff_s
 from .leases.protocol import SHARD_END, Lease, LeaseStore
 from .metrics import reader_tick
-from .records import Record, StartAt, records_from_response, seq_key
+from .records import Record, StartAt
 
-__all__ = ["ReaderSpec", "ShardReaderCore", "ShardReader", "ReaderOutcome"]
+__all__ = ["ConsumerState", "TRANSITIONS", "ReaderSpec", "kinesis_call_timeout_s", "ShardConsumer", "ShardReaderCore", "ShardEvent", "ByteBudget", "ReaderIo",
+           "ShardReader", "DEFAULT_MAX_BUFFERED_BYTES", "DEFAULT_THREADS"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-MIN_CALL_SPACING_S = 0.2
-"""Shortest gap between two GetRecords on one shard: 5 calls per second, the AWS limit."""
+DEFAULT_MAX_BUFFERED_BYTES = 64 * 2**20
+"""Default byte budget of one reader process (``KinesisStream.max_buffered_bytes``), bytes."""
+
+DEFAULT_THREADS = 16
+"""Threads (and HTTP connections) of each of a reader's two pools: Kinesis and lease store."""
 
 
-class ReaderOutcome:
-    """How a read loop ended (the value ``run()`` returns)."""
+class ConsumerState(enum.Enum):
+    """The life of one shard lease in a reader (compare KCL's ``ConsumerStates``).
 
-    SHARD_END = "shard_end"  # read to its end, acknowledged, SHARD_END written, lease released
-    LOST = "lost"  # lease lost or lapsed: stopped without writing
-    CLOSED = "closed"  # stopped on request; checkpointed and released (or kept, if asked)
-    HANDED_OVER = "handed_over"  # another instance asked: checkpointed, then handed over to it
+    Transitions (:data:`TRANSITIONS` is the one place that allows them)::
+
+        INITIALIZING ──► PROCESSING ──► SHUTTING_DOWN ──► CLOSED
+             │               │                 └────────► HANDED_OVER
+             │               ├─────► SHARD_ENDED
+             └───────────────┴─────► LOST, FAILED    (from any live state)
+
+    * ``INITIALIZING``: the lease is held; recording where a never-read shard opens and
+      fetching the first iterator.
+    * ``PROCESSING``: GetRecords -> deliver -> acknowledge -> checkpoint.
+    * ``SHUTTING_DOWN``: asked to stop (close, or another instance asked for the lease):
+      the batch in flight is acknowledged and checkpointed, nothing new is fetched.
+    * Terminal: ``SHARD_ENDED`` (read to its end, every batch acknowledged, ``SHARD_END``
+      written, released), ``CLOSED`` (stopped; released unless asked to keep it),
+      ``HANDED_OVER`` (given to the instance that asked), ``LOST`` (fenced or lapsed:
+      wrote nothing more), ``FAILED`` (a fatal error: the sink gave up, the stream is gone).
+    """
+
+    INITIALIZING = "initializing"
+    PROCESSING = "processing"
+    SHUTTING_DOWN = "shutting_down"
+    SHARD_ENDED = "shard_ended"
+    CLOSED = "closed"
+    HANDED_OVER = "handed_over"
+    LOST = "lost"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        """True for the states a consumer never leaves."""
+        return not TRANSITIONS[self]
+
+
+_S = ConsumerState
+TRANSITIONS: dict[ConsumerState, frozenset[ConsumerState]] = {
+    _S.INITIALIZING: frozenset({_S.PROCESSING, _S.SHUTTING_DOWN, _S.SHARD_ENDED, _S.LOST, _S.FAILED}),
+    _S.PROCESSING: frozenset({_S.SHUTTING_DOWN, _S.SHARD_ENDED, _S.LOST, _S.FAILED}),
+    _S.SHUTTING_DOWN: frozenset({_S.CLOSED, _S.HANDED_OVER, _S.LOST, _S.FAILED}),
+    _S.SHARD_ENDED: frozenset(), _S.CLOSED: frozenset(), _S.HANDED_OVER: frozenset(),
+    _S.LOST: frozenset(), _S.FAILED: frozenset(),
+}
+"""The allowed moves of :class:`ConsumerState`; a terminal state allows none."""
+
+
+def kinesis_call_timeout_s(lease_duration_s: float) -> float:
+    """Connect and read timeout of a reader's Kinesis calls: shorter than the lease (half of
+    it, at most 10 s; up to 1 s for very short leases), seconds."""
+    return min(10.0, max(0.5 * lease_duration_s, min(1.0, 0.75 * lease_duration_s)))
 
 
 @dataclasses.dataclass(frozen=True)
 class ReaderSpec:
-    """What a reader needs besides its lease (all picklable).
+    """What one consumer needs besides its lease (all picklable).
 
     Attributes:
         stream, shard_id: what to read. owner_id: the lease owner it reads for.
         start_at: position for a shard with no checkpoint and no recorded start position.
-        ending_sequence_number: set for a closed shard: reaching it is shard end.
         lease_duration_s / renew_interval_s: lease timing, seconds.
+        ending_sequence_number: set for a closed shard: reaching it is shard end.
         max_records: ``GetRecords`` ``Limit`` and the most records per delivered batch.
-        idle_wait_s: wait at the tip before the next ``GetRecords``, seconds.
+        idle_wait_s / max_idle_wait_s: the first and the longest wait at the tip, seconds
+            (the wait doubles while the shard stays empty).
         max_sink_retries: retries of a failing batch before ``SinkError``.
-        aws: settings to build the reader's Kinesis client.
-        sink_method: the sink actor's method name (Ray shell only).
         dead_letter: a Publisher for batches the sink refused, or None.
     """
 
@@ -84,50 +161,166 @@ class ReaderSpec:
     start_at: StartAt
     lease_duration_s: float
     renew_interval_s: float
-    aws: AwsSettings | None = None
     ending_sequence_number: str | None = None
     max_records: int = 10_000
     idle_wait_s: float = 0.25
+    max_idle_wait_s: float = 1.0
     max_sink_retries: int = 5
-    sink_method: str = "process_batch"
     dead_letter: Any = None
 
     @property
     def call_timeout_s(self) -> float:
-        """Connect and read timeout of the reader's Kinesis calls: shorter than the lease
-        (half of it, at most 10 s; up to 1 s for very short leases), seconds."""
-        lease = self.lease_duration_s
-        return min(10.0, max(0.5 * lease, min(1.0, 0.75 * lease)))
+        """Connect and read timeout of Kinesis calls, seconds: :func:`kinesis_call_timeout_s`."""
+        return kinesis_call_timeout_s(self.lease_duration_s)
 
     @property
     def renew_deadline_s(self) -> float:
-        """How long after its last successful write a reader keeps retrying a failing renewal."""
-        return max(self.lease_duration_s - max(self.renew_interval_s, 0.1 * self.lease_duration_s), 0.5 * self.lease_duration_s)
+        """How long after its last successful write a consumer keeps retrying a failing renewal, seconds."""
+        return max(self.lease_duration_s - max(self.renew_interval_s, 0.1 * self.lease_duration_s),
+                   0.5 * self.lease_duration_s)
 
 
 Deliver = Callable[[list[Record]], Awaitable[Any]]
 
 
-class ShardReaderCore:
+class ReaderIo:
+    """The thread pools of one reader process: Kinesis calls and lease-store calls apart.
+
+    A blocking call (boto3, ``MemoryLeaseStore``'s ``ray.get``) never runs on the event
+    loop. With separate pools, a ``GetRecords`` stuck until its socket timeout takes a
+    thread from the Kinesis pool only, never from the renewals.
+
+    Args:
+        kinesis_threads: threads for Kinesis calls (size the client's HTTP pool the same).
+        store_threads: threads for lease-store calls.
+    """
+
+    def __init__(self, *, kinesis_threads: int = DEFAULT_THREADS, store_threads: int = DEFAULT_THREADS) -> None:
+        self.kinesis_threads = kinesis_threads
+        self.store_threads = store_threads
+        self._kinesis = concurrent.futures.ThreadPoolExecutor(kinesis_threads, thread_name_prefix="ka-kinesis")
+        self._store = concurrent.futures.ThreadPoolExecutor(store_threads, thread_name_prefix="ka-store")
+
+    async def kinesis(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` (a Kinesis call) in the Kinesis pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._kinesis, fn, *args)
+
+    async def store(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` (a lease-store call) in the store pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._store, fn, *args)
+
+    def close(self) -> None:
+        """Stop the pools once their calls end (no new calls are taken)."""
+        self._kinesis.shutdown(wait=False, cancel_futures=True)
+        self._store.shutdown(wait=False, cancel_futures=True)
+
+
+class ByteBudget:
+    """Bytes of fetched, unacknowledged records in one reader process, bounded.
+
+    A fetch reserves the most one ``GetRecords`` response can carry (``max_response``,
+    10 MiB on AWS) before it starts; its answer turns the reservation into what it
+    really holds; acknowledging (or dropping) the records gives the bytes back. A fetch
+    is admitted while ``used + reserved + max_response <= limit``, or, when nothing is in
+    flight, while ``used < limit``. Hence ``used + reserved`` never exceeds ``limit +
+    max_response``: the budget plus one response, whatever the number of shards
+    (compare KCL's ``maxByteSize``, which bounds each shard's prefetch queue instead).
+
+    Bytes are counted as :func:`~kinesis_actors.kinesis.record_bytes` (payload and
+    partition key), not Python object overhead.
+
+    Args:
+        limit: the budget, bytes (> 0).
+        max_response: the largest response one fetch may bring, bytes.
+    """
+
+    def __init__(self, limit: int, *, max_response: int = GET_RECORDS_MAX_BYTES) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise InvalidError(f"max_buffered_bytes must be a positive int, got {limit!r}")
+        self.limit = limit
+        self.max_response = max_response
+        self.used = 0
+        self.reserved = 0
+        self.peak = 0  # most bytes held at once
+        self.waits = 0
+        self._changed: asyncio.Event | None = None
+
+    def _event(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def try_reserve(self) -> bool:
+        """Reserve room for one fetch if the rule above admits it; True if it did."""
+        if self.used + self.reserved + self.max_response <= self.limit or (self.reserved == 0 and self.used < self.limit):
+            self.reserved += self.max_response
+            return True
+        return False
+
+    async def wait_changed(self, timeout_s: float) -> None:
+        """Wait until bytes are given back (or ``timeout_s`` seconds pass)."""
+        event = self._event()
+        event.clear()
+        self.waits += 1
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+
+    def settle(self, nbytes: int) -> None:
+        """A reserved fetch returned ``nbytes`` bytes of records (0 if it failed): now held."""
+        self.reserved -= self.max_response
+        self.used += nbytes
+        self.peak = max(self.peak, self.used)
+        if nbytes < self.max_response:
+            self._event().set()
+
+    def release(self, nbytes: int) -> None:
+        """``nbytes`` of held records were acknowledged or dropped."""
+        if nbytes:
+            self.used -= nbytes
+            self._event().set()
+
+
+class _ToThreadIo:
+    """:class:`ReaderIo`'s interface over ``asyncio.to_thread`` (a consumer used on its own, in tests)."""
+
+    async def kinesis(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+    async def store(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+
+class ShardConsumer:
     """The read loop of one shard lease, with its renew task (plain asyncio, no Ray).
 
     Args:
         spec: see :class:`ReaderSpec`.
         lease: the lease as the Coordinator took it (its owner and counter fence every write).
-        store: the lease store (blocking calls, run in worker threads).
+        store: the lease store (blocking calls, run in ``io``'s store pool).
         deliver: ``async deliver(records)``; returning is the acknowledgement, raising a failure.
-        kinesis: a boto3 Kinesis client (blocking; called in worker threads).
+        kinesis: a boto3 Kinesis client (blocking; called in ``io``'s Kinesis pool).
+        io: the process's :class:`ReaderIo`; default ``asyncio.to_thread``.
+        budget: the process's :class:`ByteBudget`, or None (unbounded).
         clock: monotonic seconds (injectable for tests).
+        on_open: called once, when the consumer enters ``PROCESSING`` (first iterator held).
     """
 
-    def __init__(self, spec: ReaderSpec, lease: Lease, store: LeaseStore, deliver: Deliver, kinesis: Any,
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, spec: ReaderSpec, lease: Lease, store: LeaseStore, deliver: Deliver, kinesis: Any, *,
+                 io: ReaderIo | _ToThreadIo | None = None, budget: ByteBudget | None = None,
+                 clock: Callable[[], float] = time.monotonic, on_open: Callable[[], None] | None = None) -> None:
         self.spec = spec
         self._lease = lease
         self._store = store
         self._deliver = deliver
         self._kinesis = kinesis
+        self._io = io if io is not None else _ToThreadIo()
+        self._budget = budget
         self._clock = clock
+        self._on_open = on_open
+        self.state = ConsumerState.INITIALIZING
+        self.error: BaseException | None = None
         self._write_lock = asyncio.Lock()
         # When the last successful store write was SENT (monotonic s): the lease is valid from
         # then, not from when the answer came back (a write applied during a pause of this
@@ -139,35 +332,51 @@ class ShardReaderCore:
         self._stopping = False
         self._release_on_stop = True
         self._handoff_to: str | None = None  # lease_next_owner seen on a write: hand over at the next step
-        self._iterator: str | None = None
-        self._resume: StartAt | None = None  # where to reopen: after the last acknowledged record
-        self._skip_through: tuple[int, int] | None = None  # drop records at or before this position
+        self._fetcher: ShardFetcher | None = None
+        self._held_bytes = 0  # budget bytes of records fetched and not yet acknowledged
         self._seek_to: StartAt | None = None
-        self._throttled = 0  # GetRecords throttled in a row (backoff exponent)
-        self._loop_task: asyncio.Task[str] | None = None
+        self._shutdown_begun = False
+        self._task: asyncio.Task[Any] | None = None
         self._renew_task: asyncio.Task[None] | None = None
-        self._next_call_at = 0.0
         self.stats: dict[str, Any] = {
             "shard_id": spec.shard_id, "records": 0, "bytes": 0, "batches": 0, "get_records_calls": 0,
             "throttles": 0, "expired_iterators": 0, "sink_failures": 0, "millis_behind_latest": None,
-            "checkpoint": lease.checkpoint, "lease_counter": lease.counter, "state": "new",
+            "checkpoint": lease.checkpoint, "lease_counter": lease.counter, "state": self.state.value,
         }
 
-    # ---------------------------------------------------------------- store writes
+    # ---------------------------------------------------------------- state
+    def _to(self, state: ConsumerState) -> None:
+        """Move to ``state``; only the moves of :data:`TRANSITIONS` are allowed."""
+        if state is self.state:
+            return
+        if state not in TRANSITIONS[self.state]:
+            raise AssertionError(f"shard {self.spec.shard_id}: no transition {self.state.name} -> {state.name}")
+        self.state = state
+        self.stats["state"] = state.value
+        if state is ConsumerState.PROCESSING and self._on_open is not None:
+            self._on_open()
+
     @property
     def lease(self) -> Lease:
-        """The latest Lease this reader wrote (its counter is the fencing token)."""
+        """The latest Lease this consumer wrote (its counter is the fencing token)."""
         return self._lease
 
-    async def _write(self, op: str, *args: Any, **kwargs: Any) -> Lease:
-        """One conditional store write, serialised, with the latest Lease; LeaseLostError marks us lost."""
+    @property
+    def held_bytes(self) -> int:
+        """Budget bytes of records fetched and not yet acknowledged."""
+        return self._held_bytes
+
+    # ---------------------------------------------------------------- store writes
+    async def _write(self, what: str, call: Callable[[Lease], Lease | None]) -> Lease:
+        """One conditional store write ``call(latest lease)``, serialised; ``LeaseLostError``
+        marks the consumer lost. ``what`` names the write in messages."""
         async with self._write_lock:
             if self._lost:
                 raise LeaseLostError(f"lease {self._lease.key} was lost; not writing")
             # A write already sent must update our Lease even if we are cancelled meanwhile,
             # or the next write (the release at close) would carry a stale counter.
             sent = self._clock()
-            write = asyncio.ensure_future(asyncio.to_thread(getattr(self._store, op), self._lease, *args, **kwargs))
+            write = asyncio.ensure_future(self._io.store(call, self._lease))
             try:
                 new = await asyncio.shield(write)
             except asyncio.CancelledError:
@@ -177,9 +386,12 @@ class ShardReaderCore:
                     pass
                 raise
             except LeaseLostError:
-                self._mark_lost(f"{op} refused: the lease changed owner or counter")
+                self._mark_lost(f"{what} refused: the lease changed owner or counter")
                 raise
             return self._applied(new, sent)
+
+    def _renew(self) -> Awaitable[Lease]:
+        return self._write("renew", lambda lease: self._store.renew(lease))
 
     def _applied(self, new: Lease | None, sent: float) -> Lease:
         """Adopt the Lease a write returned; ``sent``: when that write was sent (monotonic s)."""
@@ -198,12 +410,17 @@ class ShardReaderCore:
     def _mark_lost(self, why: str) -> None:
         if not self._lost:
             self._lost = True
-            self.stats["state"] = "lost"
             log.warning("shard %s: lease lost (%s); stopping without writing", self.spec.shard_id, why)
-            if self._loop_task is not None and not self._loop_task.done() and asyncio.current_task() is not self._loop_task:
-                self._loop_task.cancel()
+            task = self._task
+            if task is not None and not task.done() and asyncio.current_task() is not task:
+                task.cancel()
 
-    # ---------------------------------------------------------------- open
+    def _lease_in_doubt(self) -> bool:
+        """True when the last successful store write is older than ``renew_deadline_s``: the
+        lease may have lapsed (a paused process, a long outage) and another owner may read."""
+        return self._clock() - self._last_write > self.spec.renew_deadline_s
+
+    # ---------------------------------------------------------------- INITIALIZING
     def _position(self) -> StartAt | None:
         """Where this lease says to open: after the checkpoint, else the recorded start position."""
         lease = self._lease
@@ -213,191 +430,236 @@ class ShardReaderCore:
             return StartAt.parse(lease.start_position)
         return None
 
-    async def open(self, lease: Lease | None = None) -> None:
-        """Fetch the first shard iterator (and record ``start_position`` on a first open).
+    async def open(self) -> None:
+        """``INITIALIZING``: record ``start_position`` on a first open, then fetch the first
+        shard iterator (throttling is retried while the lease is held). Called by
+        :meth:`run` if not called before. Leaves the consumer in ``PROCESSING``, or in
+        ``SHARD_ENDED`` for a row already at ``SHARD_END``.
 
-        ``lease``: a newer Lease of the same holder (the Coordinator renewed it while this
-        actor was starting); it replaces the one given at construction.
-
-        ``LATEST`` is resolved once: the reader records ``AT_TIMESTAMP`` of the moment it
+        ``LATEST`` is resolved once: the consumer records ``AT_TIMESTAMP`` of the moment it
         asked (so a replacement reopens there, never at a later tip) and reads from the
         ``LATEST`` iterator itself.
 
         Raises:
             LeaseLostError: the lease was taken away meanwhile. StreamError/KinesisError:
-            ``GetShardIterator`` failed past retries.
+            ``GetShardIterator`` failed and is not transient.
         """
-        if (lease is not None and lease.key == self._lease.key and lease.owner == self._lease.owner
-                and lease.counter > self._lease.counter):
-            # renewed by the Coordinator while this actor started, at most one interval ago
-            self._applied(lease, self._clock() - self.spec.renew_interval_s)
+        if self.state is not ConsumerState.INITIALIZING or self._fetcher is not None:
+            return
+        spec = self.spec
+        if self._lease.checkpoint == SHARD_END:  # finished before: nothing to read, let the row go
+            self._fetcher = self._new_fetcher(spec.start_at)
+            await self._write("release", lambda lease: self._store.release(lease))
+            self._to(ConsumerState.SHARD_ENDED)
+            return
         position = self._position()
-        if self._lease.checkpoint == SHARD_END:
-            self._iterator = None
-            return
-        first = position is None
-        if first:
-            start = self.spec.start_at
+        start = position
+        if position is None:  # a first open: record where, resolved once
+            start = spec.start_at
             recorded = StartAt("AT_TIMESTAMP", timestamp_ms=int(time.time() * 1000)) if start.kind == "LATEST" else start
-            await self._write("set_start_position", recorded.to_str())
-            self._set_resume(recorded)  # an expired iterator reopens there, never at a later tip
-            self._iterator = await self._get_iterator(start)
-            self.stats["state"] = "open"
-            return
-        assert position is not None
-        self._set_resume(position)
-        self._iterator = await self._get_iterator(position)
-        self.stats["state"] = "open"
+            await self._write("set_start_position", lambda lease: self._store.set_start_position(lease, recorded.to_str()))
+            position = recorded
+        assert start is not None
+        # Opens at `start` (LATEST itself on a first open); an iterator that expires before
+        # any record reopens at the recorded position, never at a later tip.
+        self._fetcher = fetcher = self._new_fetcher(start, restart_at=position)
+        while not fetcher.has_iterator:
+            await self._pace()
+            if self._stopping:  # stopped (or asked for) before it ever read: nothing to checkpoint
+                self._to(ConsumerState.SHUTTING_DOWN)
+                return
+            await self._step()
+            self._alive()
+        self._to(ConsumerState.PROCESSING)
 
-    def _set_resume(self, position: StartAt) -> None:
-        self._resume = position
-
-    async def _get_iterator(self, position: StartAt) -> str:
-        """A new iterator at ``position``; records up to it are dropped from the first answers
-        (resuming inside a KPL aggregate re-reads the aggregate from its sequence number)."""
-        args = position.iterator_args()
-        if position.kind == "AFTER_SEQUENCE_NUMBER" and position.sequence_number is not None:
-            sub = position.sub_sequence_number
-            self._skip_through = (seq_key(position.sequence_number), 2**62 if sub is None else sub)
-        else:
-            self._skip_through = None
-
-        def call() -> str:
-            return self._kinesis.get_shard_iterator(StreamName=self.spec.stream, ShardId=self.spec.shard_id, **args)["ShardIterator"]
-
-        attempt = 0
-        while True:
-            try:
-                return await asyncio.to_thread(call)
-            except Exception as e:
-                attempt += 1
-                if not is_throttling(e) or self._lost:
-                    raise translate_aws_error(e, operation="GetShardIterator", resource=f"{self.spec.stream}/{self.spec.shard_id}") from e
-                self.stats["throttles"] += 1
-                await self._sleep_alive(self._backoff(attempt))  # throttled or unreachable: retried while we hold the lease
+    def _new_fetcher(self, start: StartAt, *, restart_at: StartAt | None = None) -> ShardFetcher:
+        spec = self.spec
+        return ShardFetcher(self._kinesis, spec.stream, spec.shard_id, start, restart_at=restart_at,
+                            ending_sequence_number=spec.ending_sequence_number, max_records=spec.max_records,
+                            idle_wait_s=spec.idle_wait_s, max_idle_wait_s=spec.max_idle_wait_s, clock=self._clock)
 
     # ---------------------------------------------------------------- run
-    async def run(self) -> str:
-        """Read until shard end, a lost lease or :meth:`stop`; returns a :class:`ReaderOutcome` value.
+    async def run(self) -> ConsumerState:
+        """Run the lease's life to a terminal state (see :class:`ConsumerState`) and return it.
+
+        Starts the renew task first, so the lease is renewed while the shard opens.
 
         Raises:
-            SinkError: the downstream refused a batch ``max_sink_retries`` times (no dead letter).
-            StreamError: the stream was deleted. KinesisError: other fatal errors.
+            SinkError: the downstream refused a batch ``max_sink_retries`` times (no dead
+            letter). StreamError: the stream or shard is gone. KinesisError: other fatal
+            errors. The state is then ``FAILED`` (:attr:`error` holds the error) and the
+            lease is released, best effort, at the last checkpoint.
         """
-        if self._loop_task is not None:
+        if self._task is not None:
             raise RuntimeError("run() already called")
-        self._loop_task = asyncio.current_task()
+        self._task = asyncio.current_task()
         self._renew_task = asyncio.create_task(self._renew_loop(), name=f"renew-{self.spec.shard_id}")
-        self.stats["state"] = "reading"
         try:
-            outcome = await self._read_loop()
-        except asyncio.CancelledError:
-            if self._lost:
-                return ReaderOutcome.LOST
-            if self._stopping:
-                return await self._finish_stop()
-            raise
-        except LeaseLostError:
-            return ReaderOutcome.LOST
+            try:
+                await self.open()
+                if self.state is ConsumerState.PROCESSING:
+                    await self._process()
+                if self.state is ConsumerState.SHUTTING_DOWN:
+                    await self._shut_down()
+            except asyncio.CancelledError:
+                if self._lost:
+                    self._to(ConsumerState.LOST)
+                elif self._stopping and not self.state.terminal:
+                    if self.state is ConsumerState.SHUTTING_DOWN and self._shutdown_begun:
+                        self._to(ConsumerState.CLOSED)  # cancelled while releasing: the lease will expire
+                    else:
+                        self._to(ConsumerState.SHUTTING_DOWN)
+                        await self._shut_down()
+                else:
+                    raise
+            except LeaseLostError:
+                self._to(ConsumerState.LOST)
+            except Exception as e:
+                self.error = e
+                self._to(ConsumerState.FAILED)
+                await self._release_after_failure()
+                raise
         finally:
             self._renew_task.cancel()
             await asyncio.gather(self._renew_task, return_exceptions=True)
-        if outcome == ReaderOutcome.CLOSED:
-            return await self._finish_stop()
-        return outcome
+            self._give_back(self._held_bytes)
+        if self._lost and self.state is not ConsumerState.LOST and not self.state.terminal:
+            self._to(ConsumerState.LOST)
+        return self.state
 
-    async def _finish_stop(self) -> str:
-        if self._release_on_stop and not self._lost:
-            handoff = self._handoff_to
-            try:
-                if handoff is not None:
-                    handoff = await self._current_asker(handoff)
-                if handoff is not None:
-                    await self._write("hand_over", to=handoff)
-                    self.stats["state"] = "handed_over"
-                    log.info("shard %s: handed over to %s at checkpoint %s", self.spec.shard_id, handoff,
-                             self._lease.checkpoint)
-                    return ReaderOutcome.HANDED_OVER
-                await self._write("release")
-            except LeaseLostError:
-                return ReaderOutcome.LOST
-            except KinesisError as e:
-                log.warning("shard %s: %s failed (%s); the lease will expire", self.spec.shard_id,
-                            "hand-over" if handoff else "release", e)
-        self.stats["state"] = "closed"
-        return ReaderOutcome.CLOSED
-
-    async def _current_asker(self, asker: str) -> str | None:
-        """Who asks for this lease now: the asker may have withdrawn (it closed) or been
-        replaced by another since the write that told us. None: release instead."""
-        try:
-            row = await asyncio.to_thread(self._store.get, self.spec.stream, self.spec.shard_id)
-        except Exception:
-            return asker
-        if row is None or row.owner != self.spec.owner_id or row.counter != self._lease.counter:
-            return asker  # the hand-over write will find out
-        return row.next_owner if row.next_owner != self.spec.owner_id else None
-
-    def _alive(self) -> None:
-        self._beat = self._clock()
-        reader_tick(self.spec, self.stats)  # metrics: per step, rate-limited, never per record
-
-    async def _read_loop(self) -> str:
-        spec = self.spec
-        if self._lease.checkpoint == SHARD_END:
-            return ReaderOutcome.SHARD_END
-        while not self._stopping:
+    async def _process(self) -> None:
+        """``PROCESSING``: fetch -> deliver -> acknowledge -> checkpoint, until stopped or shard end."""
+        fetcher = self._fetcher
+        assert fetcher is not None
+        while True:
             self._alive()
+            if self._stopping:
+                self._to(ConsumerState.SHUTTING_DOWN)
+                return
             if self._seek_to is not None:
                 await self._apply_seek()
-            if self._iterator is None:
-                return await self._shard_end()
-            await self._pace()
-            if self._stopping:  # woken early to stop (close, handoff): no further GetRecords
+            got = await self._fetch()
+            if got is None:
                 continue
-            response = await self._get_records()
-            if response is None:
-                continue
-            self._alive()
-            self._iterator = response.get("NextShardIterator")
-            records = records_from_response(response.get("Records", ()), shard_id=spec.shard_id, stream=spec.stream)
-            self._note_lag(response, records)
-            if self._skip_through is not None and records:
-                skip, self._skip_through = self._skip_through, None
-                records = [r for r in records if r.position > skip]
+            self._note_lag(got)
+            records, spec = got.records, self.spec
             for start in range(0, len(records), spec.max_records):
                 if self._stopping or self._seek_to is not None:
                     break
                 await self._deliver_and_checkpoint(records[start : start + spec.max_records])
-            if self._seek_to is not None or self._stopping:
+            self._give_back(self._held_bytes)  # delivered and acknowledged, or dropped (stop, seek)
+            if self._stopping or self._seek_to is not None:
                 continue
-            if self._at_end(response, records):
-                return await self._shard_end()
-            self._next_call_at = max(self._next_call_at, self._clock() + (0 if records else spec.idle_wait_s))
-        return ReaderOutcome.CLOSED
+            if got.shard_end:
+                await self._shard_end()
+                return
 
-    def _at_end(self, response: dict[str, Any], records: list[Record]) -> bool:
-        if response.get("NextShardIterator") is None:
-            return True
-        end = self.spec.ending_sequence_number
-        if end is None:
+    async def _fetch(self) -> Fetched | None:
+        """One step of the fetcher, paced, within the byte budget; None if nothing to deliver."""
+        fetcher = self._fetcher
+        assert fetcher is not None
+        await self._pace()
+        if self._stopping or self._seek_to is not None:
+            return None
+        reserved = fetcher.has_iterator and await self._reserve_budget()
+        got: Fetched | None = None
+        try:
+            got = await self._step()
+        finally:
+            if reserved and self._budget is not None:
+                nbytes = got.bytes if got is not None else 0
+                self._budget.settle(nbytes)
+                self._held_bytes += nbytes
+        return got
+
+    async def _step(self) -> Fetched | None:
+        """One fetcher step (one AWS call) in the Kinesis pool; its counters go to the stats."""
+        fetcher = self._fetcher
+        assert fetcher is not None
+        try:
+            return await self._io.kinesis(fetcher.step)
+        finally:
+            self.stats.update(get_records_calls=fetcher.get_records_calls, throttles=fetcher.throttles,
+                              expired_iterators=fetcher.expired_iterators)
+
+    async def _reserve_budget(self) -> bool:
+        """Wait (alive) until the process's byte budget admits one more fetch; True once reserved."""
+        budget = self._budget
+        if budget is None:
             return False
-        done = self._lease.checkpoint
-        if done and done != SHARD_END and seq_key(done) >= seq_key(end):
-            return True
-        # A closed shard takes no writes: an empty answer at its tip is its end (moto never returns null).
-        return not records and not response.get("Records") and response.get("MillisBehindLatest", 0) == 0
+        while not budget.try_reserve():
+            await budget.wait_changed(max(0.05, self.spec.renew_interval_s / 2))
+            self._alive()
+        return True
 
-    async def _shard_end(self) -> str:
-        await self._write("checkpoint", SHARD_END)
+    def _give_back(self, nbytes: int) -> None:
+        if nbytes and self._budget is not None:
+            self._budget.release(nbytes)
+        self._held_bytes -= nbytes
+
+    async def _shard_end(self) -> None:
+        await self._write("checkpoint SHARD_END", lambda lease: self._store.checkpoint(lease, SHARD_END))
         self.stats["checkpoint"] = SHARD_END
-        await self._write("release")
-        self.stats["state"] = "shard_end"
+        await self._write("release", lambda lease: self._store.release(lease))
+        self._to(ConsumerState.SHARD_ENDED)
         log.info("shard %s: read to its end; SHARD_END written, lease released", self.spec.shard_id)
-        return ReaderOutcome.SHARD_END
+
+    # ---------------------------------------------------------------- SHUTTING_DOWN
+    async def _shut_down(self) -> None:
+        """Hand the lease to the asker, or release it (unless asked to keep it)."""
+        self._shutdown_begun = True
+        if not self._release_on_stop or self._lost:
+            self._to(ConsumerState.CLOSED)
+            return
+        handoff = self._handoff_to
+        try:
+            if handoff is not None:
+                handoff = await self._current_asker(handoff)
+            if handoff is not None:
+                to = handoff
+                await self._write("hand-over", lambda lease: self._store.hand_over(lease, to=to))
+                self._to(ConsumerState.HANDED_OVER)
+                log.info("shard %s: handed over to %s at checkpoint %s", self.spec.shard_id, handoff,
+                         self._lease.checkpoint)
+                return
+            await self._write("release", lambda lease: self._store.release(lease))
+        except LeaseLostError:
+            self._to(ConsumerState.LOST)
+            return
+        except KinesisError as e:
+            log.warning("shard %s: %s failed (%s); the lease will expire", self.spec.shard_id,
+                        "hand-over" if handoff else "release", e)
+        self._to(ConsumerState.CLOSED)
+
+    async def _release_after_failure(self) -> None:
+        try:
+            if not self._lost:
+                await self._write("release", lambda lease: self._store.release(lease))
+        except Exception as e:
+            log.info("shard %s: release after the failure did not happen (%r); the lease will expire",
+                     self.spec.shard_id, e)
+
+    async def _current_asker(self, asker: str) -> str | None:
+        """Who asks for this lease now: the asker may have withdrawn (it closed) or been
+        replaced by another since the write that told us. None: release instead."""
+        spec = self.spec
+        try:
+            row = await self._io.store(self._store.get, spec.stream, spec.shard_id)
+        except Exception:
+            return asker
+        if row is None or row.owner != spec.owner_id or row.counter != self._lease.counter:
+            return asker  # the hand-over write will find out
+        return row.next_owner if row.next_owner != spec.owner_id else None
+
+    # ---------------------------------------------------------------- delivery
+    def _alive(self) -> None:
+        self._beat = self._clock()
+        reader_tick(self.spec, self.stats)  # metrics: per step, rate-limited, never per record
 
     async def _pace(self) -> None:
-        await self._sleep_alive(self._next_call_at - self._clock(), unless_stopping=True)
+        fetcher = self._fetcher
+        if fetcher is not None:
+            await self._sleep_alive(fetcher.due_in(), unless_stopping=True)
 
     async def _sleep_alive(self, seconds: float, *, unless_stopping: bool = False) -> None:
         """Sleep on purpose (pacing, backoff), stamping the heartbeat: the loop is alive.
@@ -407,42 +669,9 @@ class ShardReaderCore:
             await asyncio.sleep(min(left, max(0.05, self.spec.renew_interval_s / 2)))
             self._alive()
 
-    @staticmethod
-    def _backoff(attempt: int) -> float:
-        """Exponential backoff with jitter: first wait in [0.2, 0.4) s, capped at 5 s."""
-        base = min(5.0, 0.2 * 2 ** (attempt - 1))
-        return min(5.0, base + random.uniform(0, base))
-
-    async def _get_records(self) -> dict[str, Any] | None:
-        """One GetRecords call; None after handling a throttle or an expired iterator."""
-        iterator = self._iterator
-        self._next_call_at = self._clock() + MIN_CALL_SPACING_S
-        self.stats["get_records_calls"] += 1
-        try:
-            response = await asyncio.to_thread(self._kinesis.get_records, ShardIterator=iterator, Limit=self.spec.max_records)
-        except Exception as e:
-            code = aws_error_code(e)
-            if code == "ExpiredIteratorException" or (code == "InvalidArgumentException" and "expired" in str(e).lower()):
-                self.stats["expired_iterators"] += 1
-                log.info("shard %s: iterator expired; reopening after the last acknowledged record", self.spec.shard_id)
-                self._iterator = await self._get_iterator(self._resume or self.spec.start_at)
-                return None
-            if is_throttling(e):
-                self.stats["throttles"] += 1
-                self._throttled += 1
-                # never sooner than the 0.2 s spacing already due: <= 5 calls/s whatever the backoff
-                self._next_call_at = max(self._next_call_at, self._clock() + self._backoff(self._throttled))
-                return None
-            err = translate_aws_error(e, operation="GetRecords", resource=f"{self.spec.stream}/{self.spec.shard_id}")
-            if err.aws_code == "ResourceNotFoundException":
-                raise StreamError(f"stream {self.spec.stream!r} or shard {self.spec.shard_id} was deleted while being read",
-                                  aws_code=err.aws_code) from e
-            raise err from e
-        self._throttled = 0
-        return response
-
-    def _note_lag(self, response: dict[str, Any], records: list[Record]) -> None:
-        lag = response.get("MillisBehindLatest")
+    def _note_lag(self, got: Fetched) -> None:
+        lag = got.millis_behind_latest
+        records = got.records
         if records and records[-1].approximate_arrival_timestamp is not None:
             # Emulators report 0 or a gap between records; the age of the newest record is honest.
             age = int((time.time() - records[-1].approximate_arrival_timestamp.timestamp()) * 1000)
@@ -457,29 +686,23 @@ class ShardReaderCore:
         last = batch[-1]
         await self._checkpoint(last.sequence_number, last.sub_sequence_number)
         self.stats["checkpoint"] = last.sequence_number
-        self._set_resume(StartAt.after_sequence_number(last.sequence_number, last.sub_sequence_number))
         self.stats["records"] += len(batch)
         self.stats["bytes"] += sum(len(r.data) for r in batch)
         self.stats["batches"] += 1
 
-    def _lease_in_doubt(self) -> bool:
-        """True when the last successful store write is older than ``renew_deadline_s``: the
-        lease may have lapsed (a paused process, a long outage) and another owner may read."""
-        return self._clock() - self._last_write > self.spec.renew_deadline_s
-
     async def _confirm_lease(self) -> None:
         """Before handing a batch downstream: if the lease is in doubt, renew it first (a
         conditional write). A zombie (e.g. a process resumed after SIGSTOP) is fenced here
-        and delivers nothing; a live reader pays one write only after a long silence.
+        and delivers nothing; a live consumer pays one write only after a long silence.
 
         Raises:
             LeaseLostError: the renewal was refused, or the store stays unreachable past
-            the deadline (the reader then stops without writing).
+            the deadline (the consumer then stops without writing).
         """
         if not self._lease_in_doubt():
             return
         try:
-            await self._write("renew")
+            await self._renew()
         except LeaseLostError:
             raise
         except Exception as e:
@@ -489,7 +712,7 @@ class ShardReaderCore:
     async def _checkpoint(self, sequence_number: str, sub_sequence: int | None) -> None:
         """Write the checkpoint of an acknowledged batch. A transient store error (throttled,
         unreachable) is retried with backoff for up to ``renew_deadline_s`` (and only while
-        the lease is not in doubt); then the reader stops as a lost lease, writing nothing
+        the lease is not in doubt); then the consumer stops as a lost lease, writing nothing
         more (the lease expires; the next owner re-delivers the batch).
 
         Raises:
@@ -499,7 +722,8 @@ class ShardReaderCore:
         attempt, first_failure = 0, None
         while True:
             try:
-                await self._write("checkpoint", sequence_number, sub_sequence=sub_sequence)
+                await self._write("checkpoint", lambda lease: self._store.checkpoint(
+                    lease, sequence_number, sub_sequence=sub_sequence))
                 return
             except LeaseLostError:
                 raise
@@ -513,9 +737,9 @@ class ShardReaderCore:
                     self._mark_lost(f"checkpoint failing past the deadline ({e!r:.200})")
                     raise LeaseLostError(f"lease {self._lease.key}: checkpoint not written by the deadline") from e
                 log.info("shard %s: checkpoint failed (%r); retry %d", self.spec.shard_id, e, attempt)
-                await self._sleep_alive(min(self._backoff(attempt), self.spec.renew_interval_s))
+                await self._sleep_alive(min(backoff_s(attempt), self.spec.renew_interval_s))
 
-    async def _await_alive(self, awaitable: Awaitable[Any]) -> Any:
+    async def _await_alive(self, awaitable: Awaitable[T]) -> T:
         """Await the downstream while stamping the heartbeat, so a slow sink keeps the lease."""
         task = asyncio.ensure_future(awaitable)
         try:
@@ -540,9 +764,10 @@ class ShardReaderCore:
                 attempt += 1
                 self.stats["sink_failures"] += 1
                 if attempt > self.spec.max_sink_retries:
-                    if self.spec.dead_letter is not None:
-                        await self._await_alive(asyncio.to_thread(
-                            self.spec.dead_letter.put_many, [(r.data, r.partition_key) for r in batch]))
+                    dead_letter = self.spec.dead_letter
+                    if dead_letter is not None:
+                        await self._await_alive(self._io.kinesis(
+                            dead_letter.put_many, [(r.data, r.partition_key) for r in batch]))
                         log.warning("shard %s: batch of %d sent to the dead-letter stream after %d failures",
                                     self.spec.shard_id, len(batch), attempt)
                         return
@@ -554,8 +779,14 @@ class ShardReaderCore:
     # ---------------------------------------------------------------- renew
     async def _renew_loop(self) -> None:
         spec = self.spec
+        # The first renewal is spread over half an interval: consumers opened together do
+        # not renew in one burst forever after.
+        first = True
         while not self._lost:
             due = self._last_write + spec.renew_interval_s
+            if first:
+                due += random.uniform(0, spec.renew_interval_s / 2)
+                first = False
             await asyncio.sleep(max(0.0, due - self._clock()))
             now = self._clock()
             if now - self._beat > spec.lease_duration_s:
@@ -567,7 +798,7 @@ class ShardReaderCore:
                 await asyncio.sleep(min(spec.renew_interval_s, 0.5))
                 continue
             try:
-                await self._write("renew")
+                await self._renew()
             except LeaseLostError:
                 return
             except Exception as e:  # throttled or unreachable: not a lost lease, until our deadline
@@ -579,14 +810,14 @@ class ShardReaderCore:
 
     # ---------------------------------------------------------------- control
     async def stop(self, *, release: bool = True, grace_s: float = 5.0) -> None:
-        """Stop the loop at its next step boundary: a batch being delivered gets ``grace_s``
-        to be acknowledged and checkpointed; then the lease is released (unless
-        ``release=False``). The loop is cancelled only if it does not stop within ``grace_s``
-        (cancelling between an acknowledgement and its checkpoint would deliver the batch
-        again to the next owner)."""
+        """Stop at the next step boundary (``SHUTTING_DOWN``): a batch being delivered gets
+        ``grace_s`` seconds to be acknowledged and checkpointed; then the lease is released
+        (unless ``release=False``). The loop is cancelled only if it does not stop within
+        ``grace_s`` (cancelling between an acknowledgement and its checkpoint would deliver
+        the batch again to the next owner)."""
         self._stopping = True
         self._release_on_stop = release
-        task = self._loop_task
+        task = self._task
         if task is None or task.done():
             return
         await asyncio.wait({task}, timeout=grace_s)
@@ -596,76 +827,261 @@ class ShardReaderCore:
 
     async def seek(self, position: StartAt) -> None:
         """Reopen at ``position`` after the batch in flight; the checkpoint is cleared and
-        ``start_position`` rewritten (the one allowed move backwards)."""
+        ``start_position`` rewritten (the one allowed move backwards). Returns once applied
+        (or the consumer ended), within ``max(5 s, lease_duration_s)``."""
         self._seek_to = position
-        for _ in range(int(max(5.0, self.spec.lease_duration_s) / 0.02)):
-            if self._seek_to is None or self._lost or self._loop_task is None or self._loop_task.done():
+        end = time.monotonic() + max(5.0, self.spec.lease_duration_s)
+        while time.monotonic() < end:
+            if self._seek_to is None or self._lost or self._task is None or self._task.done():
                 break
             await asyncio.sleep(0.02)
 
     async def _apply_seek(self) -> None:
         position, self._seek_to = self._seek_to, None
-        assert position is not None
-        await self._write("set_start_position", position.to_str())
+        assert position is not None and self._fetcher is not None
+        await self._write("seek", lambda lease: self._store.set_start_position(lease, position.to_str()))
         self.stats["checkpoint"] = None
-        self._set_resume(position)
-        self._iterator = await self._get_iterator(position)
+        self._fetcher.seek(position)
         log.info("shard %s: seek to %s", self.spec.shard_id, position)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardEvent:
+    """What a reader reports of one consumer: how it ended, or (from ``add``) how far it got.
+
+    Attributes:
+        shard_id: the shard.
+        state: a :class:`ConsumerState` value (``"processing"`` from ``add`` when it opened).
+        error: the fatal error of a ``FAILED`` consumer, else None.
+        checkpoint: the consumer's last checkpoint (a sequence number, ``SHARD_END``) or None.
+    """
+
+    shard_id: str
+    state: str
+    error: BaseException | None = None
+    checkpoint: str | None = None
+
+
+class ShardReaderCore:
+    """The shard consumers of one reader process (plain asyncio; :class:`ShardReader` is its Ray shell).
+
+    Every consumer reports its terminal state exactly once, through :meth:`events`;
+    :meth:`add` also says how far a new consumer got (``"processing"``: its first
+    iterator is held).
+
+    Per-shard cost in this process: two asyncio tasks (the loop and its renew task), one
+    :class:`~kinesis_actors.kinesis.ShardFetcher` and its stats; no thread and no
+    connection of its own (the :class:`ReaderIo` pools are per process), at most one
+    unacknowledged batch, and bytes counted in the process's :class:`ByteBudget`.
+
+    Args:
+        store: the lease store (blocking calls).
+        deliver: ``async deliver(records)`` shared by every consumer; returning acknowledges.
+        kinesis: a boto3 Kinesis client shared by every consumer (thread-safe; its HTTP
+            pool sized like ``io``'s Kinesis pool).
+        max_buffered_bytes: the byte budget of this process, bytes.
+        io: the thread pools (default :class:`ReaderIo` with :data:`DEFAULT_THREADS` each).
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, *, store: LeaseStore, deliver: Deliver, kinesis: Any,
+                 max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES, io: ReaderIo | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._store = store
+        self._deliver = deliver
+        self._kinesis = kinesis
+        self._io = io if io is not None else ReaderIo()
+        self._clock = clock
+        self.budget = ByteBudget(max_buffered_bytes)
+        self._consumers: dict[str, ShardConsumer] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._events: list[ShardEvent] = []
+        self._events_changed: asyncio.Event | None = None
+        self._ended: dict[str, dict[str, Any]] = {}  # last stats of consumers that ended (bounded below)
+        self.info: dict[str, Any] = {}
+
+    def _changed(self) -> asyncio.Event:
+        if self._events_changed is None:
+            self._events_changed = asyncio.Event()
+        return self._events_changed
+
+    def shard_ids(self) -> list[str]:
+        """The shards with a live consumer here."""
+        return sorted(self._consumers)
+
+    async def add(self, spec: ReaderSpec, lease: Lease) -> ShardEvent:
+        """Start a consumer for ``lease`` and wait until it holds its first iterator.
+
+        Returns:
+            ``ShardEvent(state="processing")`` once the shard is open, or the consumer's
+            terminal state if it ended first (``lost``, ``failed`` with its error,
+            ``shard_ended``); the terminal state is reported by :meth:`events` as well.
+
+        Raises:
+            InvalidError: this reader already reads ``spec.shard_id``.
+        """
+        shard_id = spec.shard_id
+        if shard_id in self._consumers:
+            raise InvalidError(f"shard {shard_id} is already read by this reader")
+        opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_open() -> None:
+            if not opened.done():
+                opened.set_result(None)
+
+        consumer = ShardConsumer(spec, lease, self._store, self._deliver, self._kinesis, io=self._io,
+                                 budget=self.budget, clock=self._clock, on_open=on_open)
+        self._consumers[shard_id] = consumer
+        task = asyncio.create_task(self._run(consumer), name=f"shard-{shard_id}")
+        self._tasks[shard_id] = task
+        await asyncio.wait({task, opened}, return_when=asyncio.FIRST_COMPLETED)
+        if opened.done():
+            return ShardEvent(shard_id, ConsumerState.PROCESSING.value, checkpoint=consumer.lease.checkpoint)
+        return self._event_of(consumer)
+
+    @staticmethod
+    def _event_of(consumer: ShardConsumer) -> ShardEvent:
+        return ShardEvent(consumer.spec.shard_id, consumer.state.value, consumer.error, consumer.lease.checkpoint)
+
+    async def _run(self, consumer: ShardConsumer) -> None:
+        shard_id = consumer.spec.shard_id
+        try:
+            await consumer.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # FAILED: the consumer kept the error
+            log.error("shard %s: read loop failed: %r", shard_id, e)
+        finally:
+            self._consumers.pop(shard_id, None)
+            self._tasks.pop(shard_id, None)
+            self._ended[shard_id] = dict(consumer.stats)
+            while len(self._ended) > 4 * max(1, len(self._consumers)) + 64:
+                self._ended.pop(next(iter(self._ended)))
+            self._events.append(self._event_of(consumer))
+            self._changed().set()
+
+    async def events(self, timeout_s: float) -> list[ShardEvent]:
+        """The terminal states reported since the last call; waits up to ``timeout_s``
+        seconds for the first one. Returns ``[]`` on timeout."""
+        if not self._events:
+            event = self._changed()
+            event.clear()
+            try:
+                await asyncio.wait_for(event.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        out, self._events = self._events, []
+        return out
+
+    async def stop(self, shard_id: str | None = None, *, release: bool = True, grace_s: float = 5.0) -> None:
+        """Stop one consumer (or every one, ``shard_id=None``) as :meth:`ShardConsumer.stop`
+        does, all at once; returns when they ended (within about ``grace_s`` seconds plus
+        one store write)."""
+        targets = [c for sid, c in list(self._consumers.items()) if shard_id is None or sid == shard_id]
+        await asyncio.gather(*(c.stop(release=release, grace_s=grace_s) for c in targets), return_exceptions=True)
+        tasks = [t for sid, t in list(self._tasks.items()) if shard_id is None or sid == shard_id]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace_s + 1.0)
+
+    async def seek(self, shard_id: str, position: StartAt) -> bool:
+        """Reopen ``shard_id`` at ``position`` (see :meth:`ShardConsumer.seek`); False if not read here."""
+        consumer = self._consumers.get(shard_id)
+        if consumer is None:
+            return False
+        await consumer.seek(position)
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        """``{"shards": {shard id: figures}, "reader": figures of this process}``.
+
+        Shard figures: records, bytes, batches, get_records_calls, throttles,
+        expired_iterators, sink_failures, millis_behind_latest (ms), checkpoint,
+        checkpoint_age_s, lease_counter, state. Reader figures: shards, buffered_bytes,
+        peak_buffered_bytes, max_buffered_bytes, budget_waits, and :attr:`info` (the
+        shell adds node_id and pid).
+        """
+        budget = self.budget
+        shards = {sid: dict(c.stats) for sid, c in self._consumers.items()}
+        return {"shards": shards, "ended": dict(self._ended),
+                "reader": {**self.info, "shards": len(shards), "buffered_bytes": budget.used + budget.reserved,
+                           "peak_buffered_bytes": budget.peak, "max_buffered_bytes": budget.limit,
+                           "budget_waits": budget.waits}}
+
+    def abort(self) -> None:
+        """Cancel every consumer where it stands, writing nothing more (a store write
+        already sent still lands): what a SIGKILL of the process does, for tests."""
+        for task in list(self._tasks.values()):
+            task.cancel()
+
+    async def close(self, *, release: bool = True, grace_s: float = 5.0) -> None:
+        """Stop every consumer, then the thread pools."""
+        await self.stop(None, release=release, grace_s=grace_s)
+        close = getattr(self._io, "close", None)
+        if callable(close):
+            close()
 
 
 def _make_ray_actor() -> Any:
     import ray
 
-    @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+    @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=4096)
     class ShardReader:
         """Ray actor shell over :class:`ShardReaderCore` (process name ``ray::ShardReader``).
 
-        Created by its Coordinator (and dies with it); ``open()`` fetches the first
-        iterator, ``run()`` runs until shard end, lost lease or ``stop()``.
+        Created by its Coordinator (and dies with it), one per pool slot; the Coordinator
+        adds shard leases to it (at most ``max_shards_per_reader``). Async actor: every
+        method runs on the process's one event loop, blocking calls in :class:`ReaderIo`.
+
+        Args:
+            store: the lease store. sink: the sink actor handle (or the pull queue).
+            sink_method: the sink's method called with each batch.
+            aws: settings for the Kinesis client.
+            call_timeout_s: connect and read timeout of every Kinesis call, seconds.
+            max_buffered_bytes: this process's byte budget.
+            threads: threads (and HTTP connections) of each pool.
         """
 
-        def __init__(self, spec: ReaderSpec, lease: Lease, store: LeaseStore, sink: Any) -> None:
+        def __init__(self, store: LeaseStore, sink: Any, sink_method: str, aws: AwsSettings, call_timeout_s: float,
+                     max_buffered_bytes: int, threads: int = DEFAULT_THREADS) -> None:
             logging.basicConfig(level=logging.INFO)
-            # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads via
-            # asyncio.to_thread, never on the event loop; Ray's once-per-process warning does not apply.
+            # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads of
+            # ReaderIo, never on the event loop; Ray's once-per-process warning does not apply.
             import ray._private.worker as _ray_worker
 
             _ray_worker.blocking_get_inside_async_warned = True
             # Every attempt is the loop's own (paced, <= 5/s): no botocore retries. Each call
             # times out well within the lease, so only a truly stuck loop lets it lapse.
-            timeout_s = spec.call_timeout_s
-            aws = dataclasses.replace(spec.aws, connect_timeout_s=min(spec.aws.connect_timeout_s, timeout_s))
-            kinesis = aws.client("kinesis", read_timeout_s=timeout_s, max_attempts=0)
+            settings = dataclasses.replace(aws, connect_timeout_s=min(aws.connect_timeout_s, call_timeout_s))
+            kinesis = settings.client("kinesis", read_timeout_s=call_timeout_s, max_attempts=0,
+                                      max_pool_connections=threads)
+            method = getattr(sink, sink_method)
 
             async def deliver(records: list[Record]) -> Any:
-                return await getattr(sink, spec.sink_method).remote(records)
+                return await method.remote(records)
 
-            self.core = ShardReaderCore(spec, lease, store, deliver, kinesis)
+            self.core = ShardReaderCore(store=store, deliver=deliver, kinesis=kinesis,
+                                        max_buffered_bytes=max_buffered_bytes,
+                                        io=ReaderIo(kinesis_threads=threads, store_threads=threads))
             # Where this reader runs, for operators and chaos tests (``Subscription.stats()``).
-            self.core.stats.update(node_id=ray.get_runtime_context().get_node_id(), pid=os.getpid())
+            self.core.info.update(node_id=ray.get_runtime_context().get_node_id(), pid=os.getpid())
 
-        async def open(self, lease: Lease | None = None) -> None:
-            await self.core.open(lease)
+        async def add(self, spec: ReaderSpec, lease: Lease) -> ShardEvent:
+            return await self.core.add(spec, lease)
 
-        async def start(self) -> None:
-            """Start the read loop as a task of this actor's event loop; returns at once."""
-            self._run = asyncio.get_running_loop().create_task(self.core.run(), name="read-loop")
+        async def events(self, timeout_s: float) -> list[ShardEvent]:
+            return await self.core.events(timeout_s)
 
-        async def join(self) -> str:
-            """Wait for the read loop's outcome (``ReaderOutcome``); re-raises its fatal error."""
-            return await asyncio.shield(self._run)
+        async def stop(self, shard_id: str | None, release: bool = True, grace_s: float = 5.0) -> None:
+            await self.core.stop(shard_id, release=release, grace_s=grace_s)
 
-        async def stop(self, release: bool = True, grace_s: float = 5.0) -> None:
-            await self.core.stop(release=release, grace_s=grace_s)
-
-        async def seek(self, position: StartAt) -> None:
-            await self.core.seek(position)
+        async def seek(self, shard_id: str, position: StartAt) -> bool:
+            return await self.core.seek(shard_id, position)
 
         def stats(self) -> dict[str, Any]:
-            return dict(self.core.stats)
+            return self.core.stats()
 
-        def lease(self) -> Lease:
-            return self.core.lease
+        def shard_ids(self) -> list[str]:
+            return self.core.shard_ids()
 
         def ping(self) -> bool:
             return True

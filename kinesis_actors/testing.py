@@ -8,11 +8,20 @@
   AWS operations, for chosen shards, with service errors (throttling, expired
   iterators, ``InternalFailure``), delays or hangs, in every process of a Ray cluster
   (see :func:`with_faults`).
+- :class:`FakeKinesis`: an in-memory Kinesis client (``ListShards``,
+  ``DescribeStreamSummary``, ``GetShardIterator``, ``GetRecords``) over many shards,
+  with scripted errors per shard, closed shards and call counts.
+- :class:`FakeClock`: a monotonic clock a test moves by hand.
+- :class:`LocalReader`: the Coordinator's ``ReaderHandle`` over a
+  :class:`~kinesis_actors.reader.ShardReaderCore` in the test's own event loop, with a
+  ``kill()`` that behaves like a SIGKILL of the reader process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import datetime as _dt
 import json
 import os
 import random
@@ -24,7 +33,8 @@ from typing import Any
 from .errors import LeaseStoreError
 from .leases.memory import InProcessLeaseStore
 
-__all__ = ["InProcessLeaseStore", "FlakyLeaseStore", "Fault", "FaultInjector", "FaultCall", "with_faults"]
+__all__ = ["InProcessLeaseStore", "FlakyLeaseStore", "Fault", "FaultInjector", "FaultCall", "with_faults",
+           "FakeKinesis", "FakeShard", "FakeClock", "LocalReader", "client_error"]
 
 
 class FlakyLeaseStore:
@@ -465,3 +475,212 @@ def with_faults(broker: Any, injector: FaultInjector | None, *, lease_store: boo
             raise ValueError(f"with_faults(lease_store=True) needs a DynamoLeaseStore, got {store!r}")
         store._faults = injector
     return broker
+
+
+# ---------------------------------------------------------------------------- in-memory Kinesis
+def client_error(code: str, operation: str = "GetRecords", status: int = 400) -> Exception:
+    """A botocore ``ClientError`` with AWS error code ``code`` (as boto3 raises it)."""
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                       operation)
+
+
+class FakeShard:
+    """One shard of :class:`FakeKinesis`: records with sequence numbers ``"1"``, ``"2"``...
+
+    Attributes:
+        records: the records as ``GetRecords`` returns them.
+        closed: a closed shard: ``NextShardIterator`` is null once it is read to its end.
+        faults: AWS error codes the next ``GetRecords`` calls raise, in order.
+        iterator_faults: the same for ``GetShardIterator``.
+        calls: monotonic times of the ``GetRecords`` calls.
+        iterator_requests: the arguments of each ``GetShardIterator``.
+        hang_s: seconds each ``GetRecords`` sleeps before answering (a slow shard).
+    """
+
+    def __init__(self, n: int = 0, *, closed: bool = False) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.closed = closed
+        self.faults: list[str] = []
+        self.iterator_faults: list[str] = []
+        self.calls: list[float] = []
+        self.iterator_requests: list[dict[str, Any]] = []
+        self.hang_s = 0.0
+        self.add(n)
+
+    def add(self, n: int, data: bytes | None = None, *, arrival: _dt.datetime | None = None) -> None:
+        """Append ``n`` records (payload ``data``, default ``b"r<seq>"``)."""
+        for _ in range(n):
+            seq = len(self.records) + 1
+            self.records.append({"Data": data or f"r{seq}".encode(), "PartitionKey": "k", "SequenceNumber": str(seq),
+                                 "ApproximateArrivalTimestamp": arrival or _dt.datetime.now(_dt.timezone.utc)})
+
+    def get_shard_iterator(self, *, ShardIteratorType: str, StreamName: str = "", ShardId: str = "",
+                           **kw: Any) -> dict[str, str]:
+        self.iterator_requests.append({"ShardIteratorType": ShardIteratorType, **kw})
+        if self.iterator_faults:
+            raise client_error(self.iterator_faults.pop(0), "GetShardIterator")
+        pos = {"TRIM_HORIZON": 0, "LATEST": len(self.records)}.get(ShardIteratorType)
+        if ShardIteratorType == "AT_SEQUENCE_NUMBER":
+            pos = int(kw["StartingSequenceNumber"]) - 1
+        elif ShardIteratorType == "AFTER_SEQUENCE_NUMBER":
+            pos = int(kw["StartingSequenceNumber"])
+        elif ShardIteratorType == "AT_TIMESTAMP":
+            when = kw["Timestamp"]
+            pos = next((i for i, r in enumerate(self.records) if r["ApproximateArrivalTimestamp"] >= when),
+                       len(self.records))
+        return {"ShardIterator": str(pos)}
+
+    def get_records(self, *, ShardIterator: str, Limit: int = 10_000) -> dict[str, Any]:
+        self.calls.append(time.monotonic())
+        if self.hang_s:
+            time.sleep(self.hang_s)
+        if self.faults:
+            raise client_error(self.faults.pop(0))
+        pos = int(ShardIterator)
+        out = self.records[pos : pos + Limit]
+        nxt = pos + len(out)
+        end = self.closed and nxt >= len(self.records)
+        return {"Records": out, "NextShardIterator": None if end else str(nxt),
+                "MillisBehindLatest": 0 if nxt >= len(self.records) else 1000}
+
+
+class FakeKinesis:
+    """An in-memory Kinesis client over ``n_shards`` :class:`FakeShard` s (thread-safe enough
+    for the reader's pools: each shard is read by one loop at a time).
+
+    Iterators are ``"<shard id>|<position>"``. ``list_shards`` and
+    ``describe_stream_summary`` describe the stream; ``calls`` counts every operation.
+
+    Args:
+        n_shards: shards ``shardId-000000000000`` onwards, each with ``records`` records.
+        stream: the stream name ``describe_stream_summary`` reports.
+    """
+
+    def __init__(self, n_shards: int, *, records: int = 0, stream: str = "s") -> None:
+        self.stream = stream
+        self.shards = {f"shardId-{i:012d}": FakeShard(records) for i in range(n_shards)}
+        self.calls: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _count(self, operation: str) -> None:
+        with self._lock:
+            self.calls[operation] = self.calls.get(operation, 0) + 1
+
+    def list_shards(self, **_: Any) -> dict[str, Any]:
+        self._count("ListShards")
+        return {"Shards": [{"ShardId": sid, "SequenceNumberRange": {"StartingSequenceNumber": "1"}}
+                           for sid in self.shards]}
+
+    def describe_stream_summary(self, **_: Any) -> dict[str, Any]:
+        self._count("DescribeStreamSummary")
+        return {"StreamDescriptionSummary": {"StreamName": self.stream, "StreamStatus": "ACTIVE",
+                                             "OpenShardCount": len(self.shards)}}
+
+    def get_shard_iterator(self, *, ShardId: str, **kw: Any) -> dict[str, str]:
+        self._count("GetShardIterator")
+        inner = self.shards[ShardId].get_shard_iterator(ShardId=ShardId, **kw)["ShardIterator"]
+        return {"ShardIterator": f"{ShardId}|{inner}"}
+
+    def get_records(self, *, ShardIterator: str, Limit: int = 10_000) -> dict[str, Any]:
+        self._count("GetRecords")
+        sid, pos = ShardIterator.split("|")
+        out = self.shards[sid].get_records(ShardIterator=pos, Limit=Limit)
+        if out["NextShardIterator"] is not None:
+            out["NextShardIterator"] = f"{sid}|{out['NextShardIterator']}"
+        return out
+
+    def publish(self, n: int, data: bytes | None = None) -> None:
+        """Append ``n`` records to every shard."""
+        for shard in self.shards.values():
+            shard.add(n, data)
+
+
+class FakeClock:
+    """A monotonic clock for tests: ``clock()`` returns the time, ``advance(s)`` moves it.
+
+    Args:
+        start: the first reading, seconds. follow_real: add the real monotonic time that
+            passed since creation (so asyncio sleeps still move it), default False.
+    """
+
+    def __init__(self, start: float = 1000.0, *, follow_real: bool = False) -> None:
+        self._offset = start
+        self._follow = follow_real
+        self._t0 = time.monotonic()
+
+    def __call__(self) -> float:
+        return self._offset + (time.monotonic() - self._t0 if self._follow else 0.0)
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward by ``seconds``."""
+        self._offset += seconds
+
+
+class LocalReader:
+    """The Coordinator's ``ReaderHandle`` over a ``ShardReaderCore`` in this event loop.
+
+    ``kill()`` is a SIGKILL of the reader process: every consumer is cancelled where it
+    stands (no checkpoint, no release; a store write already sent still lands), and
+    every later call raises ``ReaderGone``, as Ray's ``ActorDiedError`` does.
+
+    Args:
+        core: the reader (``kinesis_actors.reader.ShardReaderCore``).
+        start_delay_s: how long ``ping`` takes the first time (an actor starting).
+    """
+
+    def __init__(self, core: Any, *, start_delay_s: float = 0.0) -> None:
+        self.core = core
+        self.start_delay_s = start_delay_s
+        self.dead = False
+        self.calls: dict[str, int] = {}
+
+    def _check(self, method: str) -> None:
+        from .coordinator import ReaderGone
+
+        self.calls[method] = self.calls.get(method, 0) + 1
+        if self.dead:
+            raise ReaderGone("LocalReader killed")
+
+    async def _guard(self, method: str, awaitable: Any) -> Any:
+        """Run a call; if the reader is killed meanwhile, raise ReaderGone like Ray does."""
+        from .coordinator import ReaderGone
+
+        self._check(method)
+        task = asyncio.ensure_future(awaitable)
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.01)
+            if self.dead:
+                task.cancel()
+                raise ReaderGone("LocalReader killed")
+        return task.result()
+
+    async def ping(self) -> None:
+        self._check("ping")
+        if self.start_delay_s:
+            await asyncio.sleep(self.start_delay_s)
+            self.start_delay_s = 0.0
+
+    async def add(self, spec: Any, lease: Any) -> Any:
+        return await self._guard("add", self.core.add(spec, lease))
+
+    async def events(self, timeout_s: float) -> Any:
+        return await self._guard("events", self.core.events(timeout_s))
+
+    async def stop(self, shard_id: str | None, release: bool, grace_s: float) -> None:
+        await self._guard("stop", self.core.stop(shard_id, release=release, grace_s=grace_s))
+
+    async def seek(self, shard_id: str, position: Any) -> bool:
+        return await self._guard("seek", self.core.seek(shard_id, position))
+
+    async def stats(self) -> dict[str, Any]:
+        self._check("stats")
+        return self.core.stats()
+
+    def kill(self) -> None:
+        """SIGKILL: cancel every consumer without writing; later calls raise ReaderGone."""
+        if self.dead:
+            return
+        self.dead = True
+        self.core.abort()

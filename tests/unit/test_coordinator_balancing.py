@@ -13,76 +13,12 @@ from typing import Any
 from kinesis_actors.config import KinesisStream
 from kinesis_actors.coordinator import CoordinatorCore
 from kinesis_actors.leases.protocol import Lease
-from kinesis_actors.reader import ReaderSpec, ShardReaderCore
+from kinesis_actors.reader import ReaderIo, ShardReaderCore
 from kinesis_actors.records import StartAt
-from kinesis_actors.testing import InProcessLeaseStore
-
-from .test_reader_core import FakeShard
+from kinesis_actors.testing import FakeKinesis, InProcessLeaseStore, LocalReader
 
 STREAM = "s"
 LEASE_S, RENEW_S, POLL_S = 1.0, 0.2, 0.1
-
-
-class FakeKinesis:
-    """ListShards / DescribeStreamSummary / GetShardIterator / GetRecords over FakeShards."""
-
-    def __init__(self, n_shards: int) -> None:
-        self.shards = {f"shardId-{i:012d}": FakeShard(0) for i in range(n_shards)}
-
-    def list_shards(self, **_: Any) -> dict[str, Any]:
-        return {"Shards": [{"ShardId": sid, "SequenceNumberRange": {"StartingSequenceNumber": "1"}}
-                           for sid in self.shards]}
-
-    def describe_stream_summary(self, **_: Any) -> dict[str, Any]:
-        return {"StreamDescriptionSummary": {"StreamName": STREAM}}
-
-    def get_shard_iterator(self, *, ShardId: str, **kw: Any) -> dict[str, str]:
-        return {"ShardIterator": f"{ShardId}|{self.shards[ShardId].get_shard_iterator(ShardId=ShardId, **kw)['ShardIterator']}"}
-
-    def get_records(self, *, ShardIterator: str, Limit: int) -> dict[str, Any]:
-        sid, pos = ShardIterator.split("|")
-        out = self.shards[sid].get_records(ShardIterator=pos, Limit=Limit)
-        if out["NextShardIterator"] is not None:
-            out["NextShardIterator"] = f"{sid}|{out['NextShardIterator']}"
-        return out
-
-    def publish(self, n: int) -> None:
-        for shard in self.shards.values():
-            shard.add(n)
-
-
-class LocalReader:
-    """A ReaderHandle running ShardReaderCore in this event loop."""
-
-    def __init__(self, core: ShardReaderCore) -> None:
-        self.core = core
-        self.task: asyncio.Task[str] | None = None
-
-    async def open(self, lease: Lease | None = None) -> None:
-        await self.core.open(lease)
-
-    async def start(self) -> None:
-        self.task = asyncio.create_task(self.core.run())
-
-    async def join(self) -> str:
-        assert self.task is not None
-        return await asyncio.shield(self.task)
-
-    async def stop(self, release: bool, grace_s: float) -> None:
-        await self.core.stop(release=release, grace_s=grace_s)
-
-    async def seek(self, position: StartAt) -> None:
-        await self.core.seek(position)
-
-    async def stats(self) -> dict[str, Any]:
-        return dict(self.core.stats)
-
-    async def ping(self) -> None:
-        await asyncio.sleep(0.05)  # an actor takes a moment to start
-
-    def kill(self) -> None:
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
 
 
 class BlindStore(InProcessLeaseStore):
@@ -103,8 +39,9 @@ def instance(owner: str, store: InProcessLeaseStore, kinesis: FakeKinesis, deliv
     async def deliver(records: list[Any]) -> None:
         delivered.extend((r.shard_id, int(r.sequence_number)) for r in records)
 
-    def launch(spec: ReaderSpec, lease: Lease) -> LocalReader:
-        return LocalReader(ShardReaderCore(spec, lease, store.peer(), deliver, kinesis))
+    def launch(_: int) -> LocalReader:
+        return LocalReader(ShardReaderCore(store=store.peer(), deliver=deliver, kinesis=kinesis,
+                                           io=ReaderIo(kinesis_threads=2, store_threads=2)), start_delay_s=0.05)
 
     return CoordinatorCore(stream, aws=None, store=store, owner_id=owner,  # type: ignore[arg-type]
                            lease_duration_s=LEASE_S, renew_interval_s=RENEW_S, launcher=launch, kinesis=kinesis,

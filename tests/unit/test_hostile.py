@@ -20,9 +20,10 @@ from kinesis_actors.aws import AwsSettings
 from kinesis_actors.config import KinesisStream
 from kinesis_actors.coordinator import CoordinatorCore
 from kinesis_actors.errors import InvalidError, KinesisError
+from kinesis_actors import kinesis as kinesis_module
 from kinesis_actors.kinesis import list_shards
 from kinesis_actors.leases.protocol import SHARD_END
-from kinesis_actors.reader import ReaderOutcome, ReaderSpec, ShardReaderCore
+from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer, ShardEvent
 from kinesis_actors.records import KPL_MAGIC, StartAt, records_from_response
 from kinesis_actors.testing import Fault, FaultInjector, InProcessLeaseStore
 
@@ -161,38 +162,62 @@ def shard(shard_id: str, *parents: str, closed: bool = False) -> dict[str, Any]:
 
 
 class FakeReader:
-    """A ReaderHandle that runs until told to end (no Ray)."""
+    """A ReaderHandle whose consumers hold their lease until the test ends them (no Ray, no reading)."""
 
-    def __init__(self, spec: ReaderSpec, lease: Any) -> None:
-        self.spec, self.lease = spec, lease
-        self.ended = asyncio.Event()
-        self.outcome = ReaderOutcome.CLOSED
+    def __init__(self, launched: dict[str, tuple["FakeReader", ReaderSpec, Any]]) -> None:
+        self.launched = launched
+        self.pending: list[ShardEvent] = []
+        self.changed = asyncio.Event()
 
-    async def open(self, *_: Any, **__: Any) -> None: ...
-    async def start(self) -> None: ...
     async def ping(self) -> None: ...
-    async def seek(self, position: StartAt) -> None: ...
+
+    async def add(self, spec: ReaderSpec, lease: Any) -> ShardEvent:
+        self.launched[spec.shard_id] = (self, spec, lease)
+        return ShardEvent(spec.shard_id, ConsumerState.PROCESSING.value)
+
+    def end(self, shard_id: str, state: ConsumerState) -> None:
+        self.pending.append(ShardEvent(shard_id, state.value))
+        self.changed.set()
+
+    async def events(self, timeout_s: float) -> list[ShardEvent]:
+        if not self.pending:
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        out, self.pending = self.pending, []
+        return out
+
+    async def stop(self, shard_id: str | None, release: bool = True, grace_s: float = 5.0) -> None: ...
+    async def seek(self, shard_id: str, position: StartAt) -> bool:
+        return True
+
     async def stats(self) -> dict[str, Any]:
-        return {}
+        return {"shards": {}, "reader": {}}
 
-    async def join(self) -> str:
-        await self.ended.wait()
-        return self.outcome
-
-    async def stop(self, release: bool = True, grace_s: float = 5.0) -> None:
-        self.ended.set()
-
-    def kill(self) -> None:
-        self.ended.set()
+    def kill(self) -> None: ...
 
 
-def coordinator(kinesis: FakeKinesis, store: InProcessLeaseStore, launched: dict[str, FakeReader]) -> CoordinatorCore:
-    def launch(spec: ReaderSpec, lease: Any) -> FakeReader:
-        launched[spec.shard_id] = FakeReader(spec, lease)
-        return launched[spec.shard_id]
-
+def coordinator(kinesis: FakeKinesis, store: InProcessLeaseStore,
+                launched: dict[str, tuple[FakeReader, ReaderSpec, Any]]) -> CoordinatorCore:
     return CoordinatorCore(KinesisStream(STREAM, start_at=StartAt.latest()), aws=AwsSettings(), store=store,
-                           owner_id="me", lease_duration_s=5.0, renew_interval_s=1.0, launcher=launch, kinesis=kinesis)
+                           owner_id="me", lease_duration_s=5.0, renew_interval_s=1.0,
+                           launcher=lambda _: FakeReader(launched), kinesis=kinesis)
+
+
+async def poll(core: CoordinatorCore) -> None:
+    """One lease poll that waits for its opens (as the first pass does)."""
+    await core.poll_leases(deadline=time.monotonic() + 5)
+
+
+async def finish(launched: dict[str, tuple[FakeReader, ReaderSpec, Any]], store: InProcessLeaseStore,
+                 shard_id: str) -> None:
+    """The shard's consumer read it to its end: SHARD_END written and released, reported."""
+    reader, _, lease = launched[shard_id]
+    store.release(store.checkpoint(store.renew(lease), SHARD_END))
+    reader.end(shard_id, ConsumerState.SHARD_ENDED)
+    await asyncio.sleep(0.05)
 
 
 def test_children_wait_for_every_listed_parent_and_open_at_trim_horizon() -> None:
@@ -206,26 +231,15 @@ def test_children_wait_for_every_listed_parent_and_open_at_trim_horizon() -> Non
     async def scenario() -> None:
         core = coordinator(kinesis, store, launched)
         await core.sync_shards()
-        await core.poll_leases()
+        await poll(core)
         # parents without rows are not finished: C waits; T's parent is not listed: T reads
         assert sorted(launched) == ["P", "Q", "T"]
-        for parent in ("P", "Q"):  # P ends; Q not yet
-            if parent == "Q":
-                break
-            reader = launched[parent]
-            store.release(store.checkpoint(reader.lease, SHARD_END))
-            reader.outcome = ReaderOutcome.SHARD_END
-            reader.ended.set()
-        await asyncio.sleep(0.05)
-        await core.poll_leases()
+        await finish(launched, store, "P")  # P ends; Q not yet
+        await poll(core)
         assert "C" not in launched, "one parent of a merge is not enough"
-        reader = launched["Q"]
-        store.release(store.checkpoint(store.renew(reader.lease), SHARD_END))
-        reader.outcome = ReaderOutcome.SHARD_END
-        reader.ended.set()
-        await asyncio.sleep(0.05)
-        await core.poll_leases()
-        assert "C" in launched and launched["C"].spec.start_at == StartAt.trim_horizon(), "children at TRIM_HORIZON"
+        await finish(launched, store, "Q")
+        await poll(core)
+        assert "C" in launched and launched["C"][1].start_at == StartAt.trim_horizon(), "children at TRIM_HORIZON"
         assert "old" not in launched, "a row of an unlisted shard never starts a reader"
         row = store.get(STREAM, "C")
         assert row.parent_shard_ids == ("P", "Q")
@@ -247,7 +261,7 @@ def test_rows_of_another_incarnation_finish_no_parent_and_are_restarted() -> Non
     async def scenario() -> None:
         core = coordinator(kinesis, store, launched)
         await core.sync_shards()
-        await core.poll_leases()
+        await poll(core)
         assert sorted(launched) == ["P"], "the old SHARD_END finishes nothing; C waits for the new P"
         row = store.get(STREAM, "P")
         assert row.checkpoint is None and row.stream_identity[1] == int(created.timestamp() * 1000)
@@ -283,14 +297,14 @@ class ScriptedShard:
 
 
 def reader(fake: ScriptedShard, store: InProcessLeaseStore, *, lease_s: float, renew_s: float,
-           start_at: StartAt | None = None) -> ShardReaderCore:
+           start_at: StartAt | None = None) -> ShardConsumer:
     lease = store.take(STREAM, "shardId-0", owner="me", duration_s=lease_s)
     spec = ReaderSpec(stream=STREAM, shard_id="shardId-0", owner_id="me", start_at=start_at or StartAt.trim_horizon(),
                       lease_duration_s=lease_s, renew_interval_s=renew_s, idle_wait_s=0.01)
 
     async def deliver(records: list[Any]) -> None: ...
 
-    return ShardReaderCore(spec, lease, store, deliver, fake)
+    return ShardConsumer(spec, lease, store, deliver, fake)
 
 
 def test_a_stuck_get_records_stops_renewing_and_the_reader_gives_the_lease_up() -> None:
@@ -308,7 +322,7 @@ def test_a_stuck_get_records_stops_renewing_and_the_reader_gives_the_lease_up() 
         return outcome, time.monotonic() - started
 
     outcome, took = asyncio.run(scenario())
-    assert outcome == ReaderOutcome.LOST
+    assert outcome == ConsumerState.LOST
     assert took < 3.0, "gave up within about one lease duration"
     row = store.get(STREAM, "shardId-0")
     assert row.owner == "me" and row.counter == core.lease.counter, "nothing written after it went silent"
@@ -326,7 +340,7 @@ def test_long_throttling_backoff_keeps_the_lease() -> None:
             await asyncio.sleep(0.02)
         assert not task.done(), f"the reader stopped: {task.result()}"
         await core.stop()
-        assert await task == ReaderOutcome.CLOSED
+        assert await task == ConsumerState.CLOSED
 
     asyncio.run(asyncio.wait_for(scenario(), 20))
     gaps = [b - a for a, b in zip(fake.calls, fake.calls[1:])]
@@ -334,10 +348,10 @@ def test_long_throttling_backoff_keeps_the_lease() -> None:
     assert core.stats["throttles"] == 4 and store.get(STREAM, "shardId-0").owner is None  # released at stop
 
 
-def test_throttled_get_shard_iterator_is_retried_not_fatal() -> None:
+def test_throttled_get_shard_iterator_is_retried_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
     fake, store = ScriptedShard(), InProcessLeaseStore()
     core = reader(fake, store, lease_s=2.0, renew_s=0.5)
-    core._backoff = lambda attempt: 0.01  # type: ignore[method-assign]
+    monkeypatch.setattr(kinesis_module, "backoff_s", lambda attempt, rng=None: 0.01)
     fake.script = [("GetShardIterator", "LimitExceededException")] * 12
     asyncio.run(core.open())
     assert len(fake.iterator_requests) == 13 and core.stats["throttles"] == 12

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kinesis_actors import StartAt, metrics
-from kinesis_actors.reader import ReaderSpec, ShardReaderCore
+from kinesis_actors.reader import ReaderSpec, ShardConsumer
 from kinesis_actors.testing import InProcessLeaseStore
 
 STREAM, SHARD = "s", "shardId-000000000000"
@@ -148,7 +148,7 @@ def test_the_reader_calls_the_hook_and_stats_carry_the_exported_figures(sink: Re
     async def deliver(records: list[Any]) -> None:
         delivered.extend(records)
 
-    reader = ShardReaderCore(spec, lease, store, deliver, OneShard(30))
+    reader = ShardConsumer(spec, lease, store, deliver, OneShard(30))
 
     async def main() -> None:
         await reader.open()

@@ -1,4 +1,4 @@
-"""ShardReaderCore without Ray or network: an in-process lease store and a fake Kinesis shard."""
+"""ShardConsumer (one lease's read loop) without Ray or network: an in-process lease store and a fake shard."""
 
 from __future__ import annotations
 
@@ -8,67 +8,23 @@ import time
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
 
 from kinesis_actors import SHARD_END, LeaseLostError, SinkError, StartAt
-from kinesis_actors.reader import ReaderOutcome, ReaderSpec, ShardReaderCore
-from kinesis_actors.testing import FlakyLeaseStore, InProcessLeaseStore
+from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer
+from kinesis_actors.testing import FakeShard, FlakyLeaseStore, InProcessLeaseStore
 
 STREAM, SHARD = "s", "shardId-000000000000"
 
 
-def client_error(code: str) -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": 400}}, "GetRecords")
-
-
-class FakeShard:
-    """One shard: records with sequence numbers 1..n; iterators are positions; scripted faults."""
-
-    def __init__(self, n: int = 0, *, closed: bool = False) -> None:
-        self.records: list[dict[str, Any]] = []
-        self.closed = closed
-        self.faults: list[str] = []  # error codes to raise on the next GetRecords calls
-        self.calls: list[float] = []
-        self.iterator_requests: list[dict[str, Any]] = []
-        self.add(n)
-
-    def add(self, n: int, data: bytes | None = None) -> None:
-        for _ in range(n):
-            seq = len(self.records) + 1
-            self.records.append({"Data": data or f"r{seq}".encode(), "PartitionKey": "k", "SequenceNumber": str(seq),
-                                 "ApproximateArrivalTimestamp": dt.datetime.now(dt.timezone.utc)})
-
-    def get_shard_iterator(self, *, StreamName: str, ShardId: str, ShardIteratorType: str, **kw: Any) -> dict[str, str]:
-        self.iterator_requests.append({"ShardIteratorType": ShardIteratorType, **kw})
-        pos = {"TRIM_HORIZON": 0, "LATEST": len(self.records)}.get(ShardIteratorType)
-        if ShardIteratorType == "AT_SEQUENCE_NUMBER":
-            pos = int(kw["StartingSequenceNumber"]) - 1
-        elif ShardIteratorType == "AFTER_SEQUENCE_NUMBER":
-            pos = int(kw["StartingSequenceNumber"])
-        elif ShardIteratorType == "AT_TIMESTAMP":
-            pos = len(self.records)
-        return {"ShardIterator": str(pos)}
-
-    def get_records(self, *, ShardIterator: str, Limit: int) -> dict[str, Any]:
-        self.calls.append(time.monotonic())
-        if self.faults:
-            raise client_error(self.faults.pop(0))
-        pos = int(ShardIterator)
-        out = self.records[pos : pos + Limit]
-        nxt = pos + len(out)
-        end = self.closed and nxt >= len(self.records)
-        return {"Records": out, "NextShardIterator": None if end else str(nxt), "MillisBehindLatest": 0}
-
-
 def make_reader(shard: FakeShard, store: InProcessLeaseStore, deliver: Any, *, start_at: StartAt | None = None,
                 max_records: int = 100, lease_duration_s: float = 2.0, max_sink_retries: int = 2,
-                dead_letter: Any = None) -> ShardReaderCore:
+                dead_letter: Any = None) -> ShardConsumer:
     lease = store.take(STREAM, SHARD, owner="me", duration_s=lease_duration_s)
     assert lease is not None
     spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=start_at or StartAt.trim_horizon(),
                       lease_duration_s=lease_duration_s, renew_interval_s=0.2, max_records=max_records,
                       idle_wait_s=0.01, max_sink_retries=max_sink_retries, dead_letter=dead_letter)
-    return ShardReaderCore(spec, lease, store, deliver, shard)
+    return ShardConsumer(spec, lease, store, deliver, shard)
 
 
 class Recorder:
@@ -88,7 +44,7 @@ class Recorder:
         return [int(r.sequence_number) for b in self.batches for r in b]
 
 
-async def run_until(reader: ShardReaderCore, cond: Any, timeout_s: float = 5.0) -> str:
+async def run_until(reader: ShardConsumer, cond: Any, timeout_s: float = 5.0) -> str:
     await reader.open()
     task = asyncio.create_task(reader.run())
     deadline = time.monotonic() + timeout_s
@@ -104,7 +60,7 @@ def test_delivers_in_order_and_checkpoints_after_ack() -> None:
     shard, store, sink = FakeShard(250), InProcessLeaseStore(), Recorder()
     reader = make_reader(shard, store, sink, max_records=100)
     outcome = asyncio.run(run_until(reader, lambda: len(sink.seqs) == 250))
-    assert outcome == ReaderOutcome.CLOSED
+    assert outcome == ConsumerState.CLOSED
     assert sink.seqs == list(range(1, 251))
     row = store.get(STREAM, SHARD)
     assert row.checkpoint == "250" and row.owner is None  # closed: checkpointed and released
@@ -113,7 +69,7 @@ def test_delivers_in_order_and_checkpoints_after_ack() -> None:
 def test_shard_end_writes_shard_end_after_last_ack_and_releases() -> None:
     shard, store, sink = FakeShard(30, closed=True), InProcessLeaseStore(), Recorder()
     outcome = asyncio.run(run_until(make_reader(shard, store, sink), lambda: False))
-    assert outcome == ReaderOutcome.SHARD_END
+    assert outcome == ConsumerState.SHARD_ENDED
     assert sink.seqs == list(range(1, 31))
     row = store.get(STREAM, SHARD)
     assert row.checkpoint == SHARD_END and row.owner is None
@@ -177,7 +133,7 @@ def test_lost_lease_stops_the_reader_and_it_writes_nothing_more() -> None:
         shard.add(5)
         return await asyncio.wait_for(task, 3.0)
 
-    assert asyncio.run(scenario()) == ReaderOutcome.LOST
+    assert asyncio.run(scenario()) == ConsumerState.LOST
     row = store.get(STREAM, SHARD)
     assert row.owner == "thief" and row.checkpoint == "5"
 
@@ -260,7 +216,7 @@ def test_resume_inside_a_kpl_aggregate_after_a_partial_ack() -> None:
     lease = store.take(STREAM, SHARD, owner="me", duration_s=2.0)  # the owner re-takes its own row
     spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=StartAt.trim_horizon(),
                       lease_duration_s=2.0, renew_interval_s=0.2, max_records=4, idle_wait_s=0.01)
-    reader2 = ShardReaderCore(spec, lease, store, second, shard)
+    reader2 = ShardConsumer(spec, lease, store, second, shard)
     asyncio.run(run_until(reader2, lambda: len(second.batches) >= 1))
     assert [r.data for b in second.batches for r in b] == [b"user-4", b"user-5"]
     assert [r.sub_sequence_number for b in second.batches for r in b] == [4, 5]
@@ -273,7 +229,7 @@ def test_a_failing_sink_in_long_backoff_keeps_the_lease() -> None:
     sink = Recorder(fail_first=4)
     reader = make_reader(shard, store, sink, lease_duration_s=0.5, max_sink_retries=10)
     outcome = asyncio.run(run_until(reader, lambda: len(sink.seqs) == 3, timeout_s=10))
-    assert outcome == ReaderOutcome.CLOSED and sink.seqs == [1, 2, 3]
+    assert outcome == ConsumerState.CLOSED and sink.seqs == [1, 2, 3]
     assert store.get(STREAM, SHARD).checkpoint == "3"
 
 
@@ -285,7 +241,7 @@ def test_a_checkpoint_that_fails_transiently_is_retried_not_fatal() -> None:
     sink = Recorder()
     reader = make_reader(shard, store, sink, max_records=10)
     outcome = asyncio.run(run_until(reader, lambda: inner.get(STREAM, SHARD).checkpoint == "30"))
-    assert outcome == ReaderOutcome.CLOSED and store.failures == 3
+    assert outcome == ConsumerState.CLOSED and store.failures == 3
     assert sink.seqs == list(range(1, 31))
 
 
@@ -295,7 +251,7 @@ def test_a_checkpoint_failing_past_the_deadline_stops_without_writing() -> None:
     sink = Recorder()
     reader = make_reader(shard, store, sink, lease_duration_s=0.6)
     outcome = asyncio.run(run_until(reader, lambda: False, timeout_s=5))
-    assert outcome == ReaderOutcome.LOST
+    assert outcome == ConsumerState.LOST
     assert sink.seqs == [1, 2, 3, 4, 5]  # delivered once, never checkpointed: the next owner re-delivers
     row = inner.get(STREAM, SHARD)
     assert row.checkpoint is None and row.owner == "me"  # stopped without writing (not even a release)
@@ -331,7 +287,7 @@ def test_a_reader_resumed_after_a_pause_delivers_nothing_once_fenced() -> None:
         shard.add(3)
         return await asyncio.wait_for(task, 3.0)
 
-    assert asyncio.run(scenario()) == ReaderOutcome.LOST
+    assert asyncio.run(scenario()) == ConsumerState.LOST
     assert sink.seqs == [1, 2, 3]
     row = store.get(STREAM, SHARD)
     assert row.owner == "thief" and row.checkpoint == "3"
@@ -356,5 +312,5 @@ def test_lease_validity_counts_from_when_a_write_was_sent() -> None:
     reader = make_reader(shard, inner, sink, lease_duration_s=1.0)
     reader._store = PausedAfterSend()
     reader._clock = lambda: time.monotonic() + offset[0]
-    asyncio.run(reader._write("renew"))
+    asyncio.run(reader._renew())
     assert reader._lease_in_doubt()

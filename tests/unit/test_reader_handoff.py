@@ -1,11 +1,11 @@
-"""Graceful handoff in ShardReaderCore: finish the batch in flight, checkpoint, hand over (no Ray)."""
+"""Graceful handoff in ShardConsumer: finish the batch in flight, checkpoint, hand over (no Ray)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from kinesis_actors.reader import ReaderOutcome, ReaderSpec, ShardReaderCore
+from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer
 from kinesis_actors.records import StartAt
 
 from .test_reader_core import SHARD, STREAM, FakeShard, InProcessLeaseStore, Recorder, make_reader
@@ -49,7 +49,7 @@ def test_handoff_finishes_the_batch_in_flight_and_the_thief_resumes_after_it() -
         assert thief.request_handoff(STREAM, SHARD, owner="thief", expect_counter=row.counter)
         requested = time.monotonic()
         outcome = await asyncio.wait_for(run, 5)
-        assert outcome == ReaderOutcome.HANDED_OVER
+        assert outcome == ConsumerState.HANDED_OVER
         assert time.monotonic() - requested < 0.2 + 0.15 + 0.5, "seen at the next renewal, after the batch in flight"
         handed = store.get(STREAM, SHARD)
         assert handed.owner == "thief" and handed.next_owner is None
@@ -59,12 +59,12 @@ def test_handoff_finishes_the_batch_in_flight_and_the_thief_resumes_after_it() -
         assert lease is not None
         spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="thief", start_at=StartAt.trim_horizon(),
                           lease_duration_s=2.0, renew_interval_s=0.2, max_records=100, idle_wait_s=0.01)
-        second = ShardReaderCore(spec, lease, thief, new_sink, shard)
+        second = ShardConsumer(spec, lease, thief, new_sink, shard)
         await second.open()
         run2 = asyncio.create_task(second.run())
         await until(lambda: len(old_sink.seqs) + len(new_sink.seqs) >= 400, what="all 400 records")
         await second.stop()
-        assert await run2 == ReaderOutcome.CLOSED
+        assert await run2 == ConsumerState.CLOSED
         assert old_sink.seqs + new_sink.seqs == list(range(1, 401)), "no duplicate, no gap"
 
     asyncio.run(scenario())
@@ -80,7 +80,7 @@ def test_an_idle_reader_hands_over_within_a_renew_interval() -> None:
         row = store.get(STREAM, SHARD)
         assert store.request_handoff(STREAM, SHARD, owner="thief", expect_counter=row.counter)
         started = time.monotonic()
-        assert await asyncio.wait_for(run, 5) == ReaderOutcome.HANDED_OVER
+        assert await asyncio.wait_for(run, 5) == ConsumerState.HANDED_OVER
         assert time.monotonic() - started < 0.2 + 0.3  # renew_interval_s + a step
         handed = store.get(STREAM, SHARD)
         assert handed.owner == "thief" and handed.checkpoint == "3"
@@ -100,7 +100,7 @@ def test_a_request_naming_ourselves_is_ignored() -> None:
         await asyncio.sleep(0.5)  # a few renewals
         assert not run.done()
         await reader.stop()
-        assert await run == ReaderOutcome.CLOSED
+        assert await run == ConsumerState.CLOSED
         assert store.get(STREAM, SHARD).owner is None
 
     asyncio.run(scenario())
@@ -119,7 +119,7 @@ def test_a_withdrawn_request_releases_instead_of_handing_over() -> None:
         # seen at the next renewal, while the batch is in flight
         await until(lambda: reader._handoff_to is not None, what="the request seen")
         assert store.withdraw_handoff(STREAM, SHARD, owner="thief")  # the thief closed meanwhile
-        assert await asyncio.wait_for(run, 5) == ReaderOutcome.CLOSED
+        assert await asyncio.wait_for(run, 5) == ConsumerState.CLOSED
         row = store.get(STREAM, SHARD)
         assert row.owner is None and row.checkpoint == str(sink.seqs[-1]), "released after the batch in flight"
 
@@ -136,7 +136,7 @@ def test_stop_checkpoints_the_batch_in_flight_before_releasing() -> None:
         run = asyncio.create_task(reader.run())
         await until(lambda: sink.in_flight and len(sink.seqs) >= 10, what="a batch in flight")
         await reader.stop(release=True, grace_s=2.0)
-        assert await run == ReaderOutcome.CLOSED
+        assert await run == ConsumerState.CLOSED
         row = store.get(STREAM, SHARD)
         assert row.owner is None and row.checkpoint == str(sink.seqs[-1]) and len(sink.seqs) % 10 == 0
 

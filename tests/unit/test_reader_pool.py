@@ -1,0 +1,326 @@
+"""Readers that hold many leases, without Ray: packing, re-homing, the byte budget, the first pass.
+
+The Coordinator runs here over in-process readers (``testing.LocalReader`` over a real
+``ShardReaderCore``), a fake Kinesis and an in-process lease table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kinesis_actors.config import KinesisStream
+from kinesis_actors.coordinator import CoordinatorCore, _Reader, pick_reader, pool_size
+from kinesis_actors.errors import StartError
+from kinesis_actors.reader import TRANSITIONS, ByteBudget, ConsumerState, ReaderIo, ReaderSpec, ShardReaderCore
+from kinesis_actors.records import Record, StartAt
+from kinesis_actors.testing import FakeKinesis, InProcessLeaseStore, LocalReader
+
+STREAM = "s"
+LEASE_S, RENEW_S, POLL_S = 1.0, 0.2, 0.1
+
+
+async def until(cond: Callable[[], Any], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+class Instance:
+    """One instance: a CoordinatorCore whose launcher makes LocalReaders; a recording sink."""
+
+    def __init__(self, kinesis: FakeKinesis, rows: InProcessLeaseStore, *, owner: str = "a", cap: int = 4,
+                 start_delay_s: float = 0.05, max_buffered_bytes: int = 64 << 20, fail_starts: int = 0,
+                 deliver: Callable[[list[Record]], Any] | None = None, **stream_kwargs: Any) -> None:
+        self.delivered: list[tuple[str, int, float]] = []
+        self.batches: list[tuple[str, int, int]] = []  # (shard, first seq, last seq)
+        self.readers: list[LocalReader] = []
+        self.adds: collections.Counter[str] = collections.Counter()
+        self.start_delay_s = start_delay_s
+        self.fail_starts = fail_starts
+        kinesis_ = kinesis
+
+        async def record(records: list[Record]) -> None:
+            if deliver is not None:
+                await deliver(records)
+            now = time.monotonic()
+            self.delivered.extend((r.shard_id, int(r.sequence_number), now) for r in records)
+            self.batches.append((records[0].shard_id, int(records[0].sequence_number), int(records[-1].sequence_number)))
+
+        instance = self
+
+        class CountingCore(ShardReaderCore):
+            async def add(self, spec: ReaderSpec, lease: Any) -> Any:
+                instance.adds[spec.shard_id] += 1
+                return await super().add(spec, lease)
+
+        def launch(_: int) -> LocalReader:
+            if self.fail_starts > 0:
+                self.fail_starts -= 1
+                raise RuntimeError("the actor could not be created")
+            reader = LocalReader(CountingCore(store=rows.peer(), deliver=record, kinesis=kinesis_,
+                                              max_buffered_bytes=max_buffered_bytes,
+                                              io=ReaderIo(kinesis_threads=4, store_threads=4)),
+                                 start_delay_s=self.start_delay_s)
+            self.readers.append(reader)
+            return reader
+
+        stream = KinesisStream(STREAM, start_at=StartAt.trim_horizon(), lease_poll_interval_s=POLL_S,
+                               shard_sync_interval_s=5.0, idle_wait_s=0.02, max_idle_wait_s=0.05,
+                               max_shards_per_reader=cap, **stream_kwargs)
+        self.core = CoordinatorCore(stream, aws=None, store=rows, owner_id=owner,  # type: ignore[arg-type]
+                                    lease_duration_s=LEASE_S, renew_interval_s=RENEW_S, launcher=launch,
+                                    kinesis=kinesis, call_timeout_s=5.0, reader_start_timeout_s=5.0)
+
+    def seen(self) -> set[tuple[str, int]]:
+        return {(s, q) for s, q, _ in self.delivered}
+
+    def live_readers(self) -> list[LocalReader]:
+        return [r for r in self.readers if not r.dead and r.core.shard_ids()]
+
+
+# ---------------------------------------------------------------------- packing (pure)
+@pytest.mark.parametrize(("leases", "cap", "expected"), [
+    (0, 64, 2), (1, 64, 2), (64, 64, 2), (65, 64, 3), (128, 64, 3), (1000, 64, 17), (4, 1, 5), (250, 250, 2)])
+def test_the_pool_has_room_for_every_lease_and_one_reader_to_spare(leases: int, cap: int, expected: int) -> None:
+    assert pool_size(leases, cap) == expected
+    # losing any one reader leaves room for every lease
+    assert (pool_size(leases, cap) - 1) * cap >= leases
+
+
+def test_leases_are_packed_evenly_never_past_the_cap_and_only_on_ready_readers() -> None:
+    readers = [_Reader(i, ready=i != 3) for i in range(1, 6)]
+    placed = collections.Counter[int]()
+    for n in range(13):
+        reader = pick_reader(readers, 4)
+        assert reader is not None and reader.id != 3, "a reader still starting takes nothing"
+        reader.shards.add(f"shard-{n}")
+        placed[reader.id] += 1
+    assert sorted(placed.values()) == [3, 3, 3, 4], "even: no reader two ahead of another"
+    while (reader := pick_reader(readers, 4)) is not None:
+        reader.shards.add(f"more-{len(reader.shards)}")
+    assert [len(r.shards) for r in readers] == [4, 4, 0, 4, 4], "filled to the cap, never past it"
+    assert pick_reader([_Reader(1, ready=True, shards={"a", "b"})], 2) is None, "full: nobody has room"
+
+
+def test_consumer_states_allow_only_the_drawn_transitions() -> None:
+    terminal = {s for s in ConsumerState if s.terminal}
+    assert terminal == {ConsumerState.SHARD_ENDED, ConsumerState.CLOSED, ConsumerState.HANDED_OVER,
+                        ConsumerState.LOST, ConsumerState.FAILED}
+    assert all(not TRANSITIONS[s] for s in terminal)
+    for state, moves in TRANSITIONS.items():
+        if not state.terminal:
+            assert {ConsumerState.LOST, ConsumerState.FAILED} <= moves, f"{state} can always be lost or fail"
+    assert ConsumerState.PROCESSING not in TRANSITIONS[ConsumerState.SHUTTING_DOWN], "no way back from a stop"
+
+
+# ---------------------------------------------------------------------- the byte budget
+def test_the_budget_never_holds_more_than_its_limit_plus_one_response() -> None:
+    rng = random.Random(7)
+    budget = ByteBudget(1000, max_response=300)
+    in_flight: list[int] = []
+    held: list[int] = []
+    for _ in range(20_000):
+        op = rng.random()
+        if op < 0.4 and budget.try_reserve():
+            in_flight.append(rng.randint(0, 300))  # what the response will hold
+        elif op < 0.7 and in_flight:
+            nbytes = in_flight.pop(rng.randrange(len(in_flight)))
+            budget.settle(nbytes)
+            held.append(nbytes)
+        elif held:
+            budget.release(held.pop(rng.randrange(len(held))))
+        assert budget.used + budget.reserved <= 1000 + 300
+        assert budget.used == sum(held)
+    assert budget.peak <= 1300
+
+
+def test_a_stalled_sink_bounds_what_a_reader_holds_and_keeps_every_lease() -> None:
+    """20 shards of 64 KiB records behind a sink that does not acknowledge: the reader holds
+    at most its budget plus one response, nobody loses a lease, and once the sink recovers
+    every record arrives."""
+    async def scenario() -> None:
+        kinesis, rows = FakeKinesis(20), InProcessLeaseStore()
+        kinesis.publish(40, data=b"x" * 65536)
+        gate = asyncio.Event()
+
+        async def stalled(records: list[Record]) -> None:
+            await gate.wait()
+
+        limit = 1 << 20
+        inst = Instance(kinesis, rows, cap=32, max_buffered_bytes=limit, deliver=stalled, max_records=5)
+        await inst.core.start(10)
+        counters = {lease.shard_id: lease.counter for lease in rows.list(STREAM)}
+        await asyncio.sleep(3 * LEASE_S)  # a stall of three lease durations
+        reader = inst.live_readers()[0]
+        budget = reader.core.budget
+        largest = 5 * (65536 + 1)  # one response: max_records records
+        assert budget.peak <= limit + largest, (budget.peak, limit)
+        assert budget.waits > 0, "fetching waited for room"
+        rows_now = rows.list(STREAM)
+        assert all(lease.owner == "a" for lease in rows_now), "no lease changed owner during the stall"
+        assert all(lease.counter > counters[lease.shard_id] for lease in rows_now), "every lease was renewed"
+        assert inst.core.counters["leases_lost"] == 0
+        gate.set()
+        await until(lambda: len(inst.seen()) == 20 * 40, 20, "every record after the stall")
+        assert budget.peak <= limit + largest
+        await inst.core.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_stuck_get_records_holds_up_no_other_shard() -> None:
+    async def scenario() -> None:
+        kinesis, rows = FakeKinesis(6), InProcessLeaseStore()
+        inst = Instance(kinesis, rows, cap=8)
+        await inst.core.start(10)
+        stuck = "shardId-000000000000"
+        kinesis.shards[stuck].hang_s = 0.4 * LEASE_S  # every call on it answers late
+        t0 = time.monotonic()
+        for _ in range(10):
+            kinesis.publish(1)
+            await asyncio.sleep(0.05)
+        others = [sid for sid in kinesis.shards if sid != stuck]
+        await until(lambda: all((sid, 10) in inst.seen() for sid in others), 2.0, "the other shards delivering")
+        assert time.monotonic() - t0 < 1.5
+        assert inst.core.counters["leases_lost"] == 0
+        kinesis.shards[stuck].hang_s = 0.0
+        await until(lambda: (stuck, 10) in inst.seen(), 5, "the slow shard catching up")
+        await inst.core.close()
+
+    asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------------- re-homing
+def test_a_dead_readers_leases_reopen_on_live_readers_at_once_under_the_same_owner() -> None:
+    async def scenario() -> None:
+        kinesis, rows = FakeKinesis(9, records=20), InProcessLeaseStore()
+        inst = Instance(kinesis, rows, cap=4, start_delay_s=0.05)
+        await inst.core.start(10)
+        assert len(inst.readers) == pool_size(9, 4) == 4
+        await until(lambda: len(inst.seen()) == 9 * 20, 5, "the first records")
+        victim = max(inst.live_readers(), key=lambda r: len(r.core.shard_ids()))
+        moved = victim.core.shard_ids()
+        assert len(moved) >= 2, "the victim holds several shards"
+        before = {sid: rows.get(STREAM, sid).counter for sid in moved}
+        inst.start_delay_s = 2.0  # the replacement reader takes long to start: nobody waits for it
+        killed = time.monotonic()
+        victim.kill()
+        kinesis.publish(5)
+        await until(lambda: all((sid, 25) in inst.seen() for sid in moved), 1.0, "the moved shards delivering")
+        took = time.monotonic() - killed
+        assert took < 0.5, f"re-homed and delivering in {took:.2f} s"
+        assert inst.readers[-1].start_delay_s == 2.0, "the replacement was still starting"
+        for sid in moved:
+            row = rows.get(STREAM, sid)
+            assert row.owner == "a" and row.counter > before[sid], "re-taken under the same owner: fenced"
+        assert inst.core.counters["readers_replaced"] == 1
+        assert inst.core.counters["shards_rehomed"] == len(moved)
+        assert all(inst.adds[sid] == 2 for sid in moved), "each moved shard opened once more, not twice"
+        await until(lambda: len(inst.seen()) == 9 * 25, 5, "every shard's new records")
+        per_shard = collections.defaultdict(list)
+        for s, q, _ in inst.delivered:
+            per_shard[s].append(q)
+        for sid, seqs in per_shard.items():
+            assert sorted(set(seqs)) == list(range(1, 26)), f"{sid}: no gap"
+        await until(lambda: sum(1 for r in inst.readers if not r.dead) == 4 and inst.readers[-1].start_delay_s == 0,
+                    5, "the pool restored")
+        await inst.core.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_lease_poll_during_a_slow_rehome_never_takes_the_shard_twice() -> None:
+    """The cause of two redelivered batches after a node loss: while a dead reader's lease
+    was being reopened, a lease poll took the same row again and opened a second reader."""
+    async def scenario() -> None:
+        kinesis, rows = FakeKinesis(4), InProcessLeaseStore()
+        inst = Instance(kinesis, rows, cap=2)
+        await inst.core.start(10)
+        for reader in inst.readers:  # every open from now on is slow: several polls pass meanwhile
+            original = reader.core.add
+
+            async def slow_add(spec: Any, lease: Any, original: Any = original) -> Any:
+                await asyncio.sleep(5 * POLL_S)
+                return await original(spec, lease)
+
+            reader.core.add = slow_add  # type: ignore[method-assign]
+        victim = inst.live_readers()[0]
+        moved = victim.core.shard_ids()
+        victim.kill()
+        for _ in range(12):
+            kinesis.publish(1)
+            await asyncio.sleep(POLL_S)
+        await until(lambda: all((sid, 12) in inst.seen() for sid in moved), 5, "the moved shards delivering")
+        assert all(inst.adds[sid] == 2 for sid in moved), dict(inst.adds)
+        live = [r for r in inst.readers if not r.dead]
+        hosts = collections.Counter(sid for r in live for sid in r.core.shard_ids())
+        assert all(n == 1 for n in hosts.values()), f"one consumer per shard: {hosts}"
+        redelivered = collections.Counter(s for s, _, _ in inst.delivered) - collections.Counter(
+            s for s, _ in inst.seen())
+        assert all(redelivered[sid] <= 1 for sid in moved), redelivered
+        await inst.core.close()
+
+    asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------------- the first pass
+def test_the_first_pass_waits_for_slow_readers_within_its_deadline() -> None:
+    async def scenario() -> None:
+        kinesis, rows = FakeKinesis(6, records=3), InProcessLeaseStore()
+        inst = Instance(kinesis, rows, cap=3, start_delay_s=0.8)
+        t0 = time.monotonic()
+        await inst.core.start(10)
+        assert time.monotonic() - t0 >= 0.8, "it waited for the readers"
+        assert sorted(inst.core.held()) == sorted(kinesis.shards)
+        await until(lambda: len(inst.seen()) == 18, 5, "every record")
+        await inst.core.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_first_pass_past_its_deadline_says_how_many_shards_opened_and_why() -> None:
+    async def scenario() -> None:
+        kinesis, rows = FakeKinesis(6), InProcessLeaseStore()
+        inst = Instance(kinesis, rows, cap=3, start_delay_s=30.0)
+        with pytest.raises(StartError) as err:
+            await inst.core.start(0.5)
+        assert (err.value.started, err.value.total) == (0, 6)
+        assert "0 of 6 shards opened" in str(err.value) and "readers still starting" in str(err.value)
+        await inst.core.close()
+        assert all(lease.owner is None for lease in rows.list(STREAM)), "what was taken is released"
+
+    asyncio.run(scenario())
+
+
+def test_readers_that_keep_failing_to_start_end_the_first_pass_early_with_the_cause() -> None:
+    async def scenario() -> None:
+        kinesis, rows = FakeKinesis(2), InProcessLeaseStore()
+        inst = Instance(kinesis, rows, fail_starts=100)
+        t0 = time.monotonic()
+        with pytest.raises(StartError, match="could not be created"):
+            await inst.core.start(60)
+        assert time.monotonic() - t0 < 10, "no waiting for the whole deadline"
+        await inst.core.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_reader_that_fails_to_start_is_retried_and_nothing_is_lost() -> None:
+    async def scenario() -> None:
+        kinesis, rows = FakeKinesis(4, records=5), InProcessLeaseStore()
+        inst = Instance(kinesis, rows, cap=4, fail_starts=1)  # 1 of the first 2 readers fails
+        await inst.core.start(10)
+        assert inst.core.counters["reader_start_failures"] == 1
+        await until(lambda: len(inst.seen()) == 20, 5, "every record on the reader that started")
+        await until(lambda: sum(1 for r in inst.readers if not r.dead) >= 2, 5, "the failed reader retried")
+        await inst.core.close()
+
+    asyncio.run(scenario())
