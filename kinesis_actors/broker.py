@@ -517,10 +517,20 @@ class Subscription:
         return [lease for lease in self._store.list(self.stream.name) if lease.owner == self.owner_id]
 
     def stats(self) -> dict[str, Any]:
-        """Per-shard figures: records, bytes, batches, GetRecords calls, throttles,
-        ``millis_behind_latest`` (ms), checkpoint, lease counter, and where the reader runs
-        (``node_id``: Ray node id hex, ``pid``); plus this instance's lease counts
-        (``leases_taken``, ``leases_lost``, ``readers_replaced``...)."""
+        """This subscription's figures, from its Coordinator and readers (plain data).
+
+        * ``shards``: per shard id: records, bytes, batches, get_records_calls, throttles,
+          expired_iterators, sink_failures, ``millis_behind_latest`` (ms), checkpoint,
+          checkpoint_age_s, lease_counter, state (a ``ConsumerState`` value), and where
+          its reader runs (``reader`` number, ``node_id``: Ray node id hex, ``pid``).
+        * ``readers``: per ShardReader process: reader, pid, node_id, shards,
+          buffered_bytes / peak_buffered_bytes / max_buffered_bytes (the byte budget),
+          budget_waits, kinesis_call_limit and its cuts.
+        * ``coordinator``: its pid and node_id.
+        * This instance's lease counts: leases_held, leases_taken, leases_lost,
+          readers_replaced, shards_rehomed, shards_ended, reader_start_failures and the
+          handoff counters; target and live_instances of the balancing plan.
+        """
         return self._call("stats")
 
     def close(self, *, ack: bool = True) -> None:

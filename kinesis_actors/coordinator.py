@@ -61,6 +61,7 @@ import dataclasses
 import itertools
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
@@ -262,6 +263,8 @@ class CoordinatorCore:
             return
         if outcome is not None:
             opened, wanted, why = outcome
+            log.info("%s: first pass opened %d of %d leased shards on %d readers in %.1f s", self.stream.name, opened,
+                     wanted, sum(1 for r in self._readers.values() if r.ready), timeout_s - (deadline - self._clock()))
             if opened < wanted:
                 raise StartError(f"{self.stream.name}: {opened} of {wanted} shards opened within {timeout_s:.0f} s"
                                  f" ({why})", started=opened, total=wanted)
@@ -709,7 +712,8 @@ class CoordinatorCore:
             for held, lease in opens:
                 self._spawn(self._open_on(held, lease), f"open-{held.shard.shard_id}")
             return None
-        tasks = [asyncio.ensure_future(self._open_on(held, lease)) for held, lease in opens]
+        budget = max(self._call_timeout_s, deadline - self._clock())
+        tasks = [asyncio.ensure_future(self._open_on(held, lease, timeout_s=budget)) for held, lease in opens]
         done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - self._clock())) if tasks else (set(), set())
         for task in tasks:
             if task not in done:
@@ -717,6 +721,7 @@ class CoordinatorCore:
                 task.add_done_callback(self._background.discard)
         events = [t.result() for t in done if t.exception() is None]
         failures = [t.exception() for t in done if t.exception() is not None]
+        unconfirmed = sum(1 for e in events if e is None)
         opened = sum(1 for e in events if e is not None and e.state == ConsumerState.PROCESSING.value)
         ended = sum(1 for e in events if e is not None and e.state != ConsumerState.PROCESSING.value
                     and e.error is None)  # lost or finished meanwhile: not ours to open
@@ -725,7 +730,7 @@ class CoordinatorCore:
             raise failed[0]  # type: ignore[misc]
         without_reader = no_room + len(forced) + len(taken) - len(opens)
         return (opened, len(forced) + len(taken) - ended + no_room,
-                self._why_not_open(len(tasks) - len(done), without_reader))
+                self._why_not_open(len(tasks) - len(done) + unconfirmed, without_reader))
 
     def _why_not_open(self, still_opening: int, without_reader: int) -> str:
         parts = []
@@ -760,20 +765,22 @@ class CoordinatorCore:
             self.counters["handoffs_received"] += 1
         return self._shards[shard_id], lease
 
-    async def _open_on(self, held: _Held, lease: Lease) -> ShardEvent | None:
+    async def _open_on(self, held: _Held, lease: Lease, *, timeout_s: float | None = None) -> ShardEvent | None:
         """Open ``lease`` on the reader ``held`` was placed on; returns what the reader said
-        (None if the reader died or did not answer: its watch re-homes or reports it)."""
+        (None if the reader died or did not answer within ``timeout_s``, default
+        ``call_timeout_s``: its watch re-homes it or reports how it ended)."""
         reader = held.reader
         assert reader is not None and reader.handle is not None
         shard_id = held.shard.shard_id
         try:
-            event = await asyncio.wait_for(reader.handle.add(self._spec(held.shard), lease), self._call_timeout_s)
+            event = await asyncio.wait_for(reader.handle.add(self._spec(held.shard), lease),
+                                           timeout_s if timeout_s is not None else self._call_timeout_s)
         except (ReaderGone, ReaderUnreachable, asyncio.TimeoutError) as e:
             log.info("shard %s: reader %d did not confirm the open (%r)", shard_id, reader.id, e)
             return None
         if event.state == ConsumerState.PROCESSING.value:
             held.opened = True
-            log.info("shard %s: open on reader %d (lease counter %d)", shard_id, reader.id, lease.counter)
+            log.debug("shard %s: open on reader %d (lease counter %d)", shard_id, reader.id, lease.counter)
         return event
 
     def _spec(self, shard: ShardInfo) -> ReaderSpec:
@@ -975,7 +982,8 @@ def _make_ray_actor() -> Any:
             return await self.core.wait(timeout_s)
 
         async def stats(self) -> dict[str, Any]:
-            return await self.core.stats()
+            return {**await self.core.stats(), "coordinator": {"pid": os.getpid(),
+                                                               "node_id": ray.get_runtime_context().get_node_id()}}
 
         def held(self) -> list[str]:
             return self.core.held()

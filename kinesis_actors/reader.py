@@ -73,7 +73,8 @@ from .leases.protocol import SHARD_END, Lease, LeaseStore
 from .metrics import reader_tick
 from .records import Record, StartAt
 
-__all__ = ["ConsumerState", "TRANSITIONS", "ReaderSpec", "kinesis_call_timeout_s", "ShardConsumer", "ShardReaderCore", "ShardEvent", "ByteBudget", "ReaderIo",
+__all__ = ["ConsumerState", "TRANSITIONS", "ReaderSpec", "kinesis_call_timeout_s", "ShardConsumer", "ShardReaderCore",
+           "ShardEvent", "ByteBudget", "CallLimit", "ReaderIo",
            "ShardReader", "DEFAULT_MAX_BUFFERED_BYTES", "DEFAULT_THREADS"]
 
 log = logging.getLogger(__name__)
@@ -183,12 +184,71 @@ class ReaderSpec:
 Deliver = Callable[[list[Record]], Awaitable[Any]]
 
 
+class CallLimit:
+    """How many Kinesis calls of one process may be in flight: AIMD on lease-renewal latency.
+
+    Renewals keep leases; polls only move data. When the service (or an emulator that
+    serves Kinesis and DynamoDB on the same cores) cannot keep up with both, the renewals
+    must not wait behind the polls. So every renewal reports its latency: one slower than
+    a third of the renew interval halves the limit (at most once per third of an
+    interval); one faster than a tenth of it raises the limit by ``1 / limit`` (additive
+    increase, about +1 per window of calls), up to ``maximum``. Against AWS, renewals take
+    milliseconds and the limit stays at its maximum.
+
+    Args:
+        maximum: the most calls in flight (the pool's threads). minimum: the fewest.
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, maximum: int, *, minimum: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
+        self.maximum = maximum
+        self.minimum = minimum
+        self.limit = float(maximum)
+        self.in_flight = 0
+        self.cuts = 0
+        self._clock = clock
+        self._last_cut = float("-inf")
+        self._freed: asyncio.Event | None = None
+
+    def _event(self) -> asyncio.Event:
+        if self._freed is None:
+            self._freed = asyncio.Event()
+        return self._freed
+
+    async def acquire(self) -> None:
+        """Wait for a free place, then take it."""
+        while self.in_flight >= int(self.limit):
+            event = self._event()
+            event.clear()
+            await event.wait()
+        self.in_flight += 1
+
+    def release(self) -> None:
+        """Give a place back."""
+        self.in_flight -= 1
+        self._event().set()
+
+    def note_renewal(self, latency_s: float, renew_interval_s: float) -> None:
+        """A lease renewal of this process took ``latency_s`` seconds."""
+        if latency_s > renew_interval_s / 3:
+            now = self._clock()
+            if now - self._last_cut >= renew_interval_s / 3:
+                self._last_cut = now
+                self.limit = max(float(self.minimum), self.limit / 2)
+                self.cuts += 1
+                log.info("renewals slow (%.2f s): at most %d Kinesis calls in flight now", latency_s, int(self.limit))
+        elif latency_s < renew_interval_s / 10 and self.limit < self.maximum:
+            self.limit = min(float(self.maximum), self.limit + 1 / self.limit)
+            self._event().set()
+
+
 class ReaderIo:
     """The thread pools of one reader process: Kinesis calls and lease-store calls apart.
 
     A blocking call (boto3, ``MemoryLeaseStore``'s ``ray.get``) never runs on the event
     loop. With separate pools, a ``GetRecords`` stuck until its socket timeout takes a
-    thread from the Kinesis pool only, never from the renewals.
+    thread from the Kinesis pool only, never from the renewals; and :class:`CallLimit`
+    holds Kinesis calls back while renewals are slow.
 
     Args:
         kinesis_threads: threads for Kinesis calls (size the client's HTTP pool the same).
@@ -198,16 +258,28 @@ class ReaderIo:
     def __init__(self, *, kinesis_threads: int = DEFAULT_THREADS, store_threads: int = DEFAULT_THREADS) -> None:
         self.kinesis_threads = kinesis_threads
         self.store_threads = store_threads
+        self.limit = CallLimit(kinesis_threads)
         self._kinesis = concurrent.futures.ThreadPoolExecutor(kinesis_threads, thread_name_prefix="ka-kinesis")
         self._store = concurrent.futures.ThreadPoolExecutor(store_threads, thread_name_prefix="ka-store")
 
-    async def kinesis(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` (a Kinesis call) in the Kinesis pool."""
-        return await asyncio.get_running_loop().run_in_executor(self._kinesis, fn, *args)
+    async def kinesis(self, fn: Callable[..., T], *args: Any, limited: bool = True) -> T:
+        """Run ``fn(*args)`` (a Kinesis call) in the Kinesis pool, within :attr:`limit` unless
+        ``limited=False`` (opening a shard: once per lease, not a recurring poll)."""
+        if not limited:
+            return await asyncio.get_running_loop().run_in_executor(self._kinesis, fn, *args)
+        await self.limit.acquire()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._kinesis, fn, *args)
+        finally:
+            self.limit.release()
 
     async def store(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` (a lease-store call) in the store pool."""
         return await asyncio.get_running_loop().run_in_executor(self._store, fn, *args)
+
+    def note_renewal(self, latency_s: float, renew_interval_s: float) -> None:
+        """Tell :attr:`limit` how long a renewal took."""
+        self.limit.note_renewal(latency_s, renew_interval_s)
 
     def close(self) -> None:
         """Stop the pools once their calls end (no new calls are taken)."""
@@ -285,11 +357,14 @@ class ByteBudget:
 class _ToThreadIo:
     """:class:`ReaderIo`'s interface over ``asyncio.to_thread`` (a consumer used on its own, in tests)."""
 
-    async def kinesis(self, fn: Callable[..., T], *args: Any) -> T:
+    async def kinesis(self, fn: Callable[..., T], *args: Any, limited: bool = True) -> T:
         return await asyncio.to_thread(fn, *args)
 
     async def store(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.to_thread(fn, *args)
+
+    def note_renewal(self, latency_s: float, renew_interval_s: float) -> None:
+        pass
 
 
 class ShardConsumer:
@@ -328,6 +403,8 @@ class ShardConsumer:
         # the Coordinator at most one renew interval ago; assume the worst.
         self._last_write = clock() - spec.renew_interval_s
         self._beat = clock()
+        self._waiting = 0  # > 0 while the loop waits on a store write (bounded by its timeouts): alive
+        self._call_started: list[float] | None = None  # a Kinesis call of the loop: [] while queued for a thread
         self._lost = False
         self._stopping = False
         self._release_on_stop = True
@@ -369,7 +446,20 @@ class ShardConsumer:
     # ---------------------------------------------------------------- store writes
     async def _write(self, what: str, call: Callable[[Lease], Lease | None]) -> Lease:
         """One conditional store write ``call(latest lease)``, serialised; ``LeaseLostError``
-        marks the consumer lost. ``what`` names the write in messages."""
+        marks the consumer lost. ``what`` names the write in messages.
+
+        The read loop waiting here is not silent: the store call is bounded by its own
+        timeouts, and a checkpoint that keeps failing ends the lease at its deadline."""
+        if asyncio.current_task() is not self._task:
+            return await self._write_now(what, call)
+        self._waiting += 1
+        try:
+            return await self._write_now(what, call)
+        finally:
+            self._waiting -= 1
+            self._beat = max(self._beat, self._clock())
+
+    async def _write_now(self, what: str, call: Callable[[Lease], Lease | None]) -> Lease:
         async with self._write_lock:
             if self._lost:
                 raise LeaseLostError(f"lease {self._lease.key} was lost; not writing")
@@ -573,12 +663,25 @@ class ShardConsumer:
         return got
 
     async def _step(self) -> Fetched | None:
-        """One fetcher step (one AWS call) in the Kinesis pool; its counters go to the stats."""
+        """One fetcher step (one AWS call) in the Kinesis pool; its counters go to the stats.
+
+        Waiting for a place in the pool is not silence (other loops hold it); the call
+        itself is, from when its thread starts it: it must end within its socket timeout."""
         fetcher = self._fetcher
         assert fetcher is not None
+
+        started: list[float] = []  # set by the pool's thread when the call begins
+
+        def call() -> Fetched | None:
+            started.append(self._clock())
+            return fetcher.step()
+
+        self._call_started = started
         try:
-            return await self._io.kinesis(fetcher.step)
+            return await self._io.kinesis(call, limited=fetcher.has_iterator)
         finally:
+            self._call_started = None
+            self._beat = max(self._beat, self._clock())
             self.stats.update(get_records_calls=fetcher.get_records_calls, throttles=fetcher.throttles,
                               expired_iterators=fetcher.expired_iterators)
 
@@ -777,6 +880,16 @@ class ShardConsumer:
                 await self._sleep_alive(pause)  # a failing downstream keeps the lease, like a slow one
 
     # ---------------------------------------------------------------- renew
+    def _last_sign_of_life(self) -> float:
+        """When the loop last showed it is alive (monotonic s). Waiting for a place in the
+        Kinesis pool or on a store write counts as alive (other loops hold the resource;
+        the wait is bounded); a Kinesis call counts from when its thread started it, and
+        must end within its socket timeout."""
+        call = self._call_started
+        if self._waiting or (call is not None and not call):
+            return self._clock()
+        return max(self._beat, call[0]) if call else self._beat
+
     async def _renew_loop(self) -> None:
         spec = self.spec
         # The first renewal is spread over half an interval: consumers opened together do
@@ -789,9 +902,10 @@ class ShardConsumer:
                 first = False
             await asyncio.sleep(max(0.0, due - self._clock()))
             now = self._clock()
-            if now - self._beat > spec.lease_duration_s:
+            if now - self._last_sign_of_life() > spec.lease_duration_s:
                 # The loop is stuck (e.g. a hung call): do not renew; let the lease lapse.
-                log.warning("shard %s: read loop silent for %.1f s; not renewing", spec.shard_id, now - self._beat)
+                log.warning("shard %s: read loop silent for %.1f s; not renewing", spec.shard_id,
+                            now - self._last_sign_of_life())
                 if self._lease_in_doubt():
                     self._mark_lost("read loop stuck past the lease deadline")
                     return
@@ -799,6 +913,7 @@ class ShardConsumer:
                 continue
             try:
                 await self._renew()
+                self._io.note_renewal(self._clock() - now, spec.renew_interval_s)
             except LeaseLostError:
                 return
             except Exception as e:  # throttled or unreachable: not a lost lease, until our deadline
@@ -997,15 +1112,17 @@ class ShardReaderCore:
         Shard figures: records, bytes, batches, get_records_calls, throttles,
         expired_iterators, sink_failures, millis_behind_latest (ms), checkpoint,
         checkpoint_age_s, lease_counter, state. Reader figures: shards, buffered_bytes,
-        peak_buffered_bytes, max_buffered_bytes, budget_waits, and :attr:`info` (the
-        shell adds node_id and pid).
+        peak_buffered_bytes, max_buffered_bytes, budget_waits, kinesis_call_limit and
+        kinesis_call_limit_cuts (:class:`CallLimit`), and :attr:`info` (the shell adds
+        node_id and pid).
         """
         budget = self.budget
         shards = {sid: dict(c.stats) for sid, c in self._consumers.items()}
         return {"shards": shards, "ended": dict(self._ended),
-                "reader": {**self.info, "shards": len(shards), "buffered_bytes": budget.used + budget.reserved,
+                "reader": {**self.info, "shards": len(shards), "buffered_bytes": budget.used,
                            "peak_buffered_bytes": budget.peak, "max_buffered_bytes": budget.limit,
-                           "budget_waits": budget.waits}}
+                           "budget_waits": budget.waits, "kinesis_call_limit": int(self._io.limit.limit),
+                           "kinesis_call_limit_cuts": self._io.limit.cuts}}
 
     def abort(self) -> None:
         """Cancel every consumer where it stands, writing nothing more (a store write

@@ -53,6 +53,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -80,6 +81,7 @@ PARENTS = "parent_shard_ids"
 NEXT_OWNER = "lease_next_owner"
 STREAM_ARN = "stream_arn"
 STREAM_CREATION_MS = "stream_creation_ms"
+WRITE_TOKEN = "lease_write_token"  # random, per write that raises the counter: tells our own landed write
 
 
 def is_shard_row(row: Mapping[str, Any], stream: str | None = None) -> bool:
@@ -195,6 +197,7 @@ class BaseLeaseStore:
     # ------------------------------------------------------------------ pickling
     def _init_transient(self) -> None:
         self._seen: dict[str, tuple[int, float]] = {}
+        self._unconfirmed: dict[str, tuple[int, str]] = {}  # key -> (counter, token) of a write that raised
         self._seen_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -396,6 +399,7 @@ class BaseLeaseStore:
         fields: Row = {
             OWNER: owner,
             COUNTER: counter + 1,
+            WRITE_TOKEN: uuid.uuid4().hex[:16],
             DURATION_MS: duration_ms,
             EXPIRY: self._wall_expiry_ms(duration_ms),
         }
@@ -427,13 +431,48 @@ class BaseLeaseStore:
     def _holder_write(
         self, lease: Lease, operation: str, set_fields: dict[str, Any], remove_fields: tuple[str, ...] = ()
     ) -> Lease:
-        """A write by the holder: conditional on owner AND counter; LeaseLostError if it failed."""
-        fields = {COUNTER: lease.counter + 1, **set_fields}
-        new = self._update(lease.key, lease.owner, lease.counter, fields, remove_fields)
+        """A write by the holder: conditional on owner AND counter; LeaseLostError if it failed.
+
+        A write can land although its caller saw an error: botocore retries an
+        ``UpdateItem`` whose answer timed out, and the retry then fails its condition; or
+        a call times out here and the caller tries again with the same Lease. So every
+        write carries a random ``lease_write_token``, and a failed condition re-reads the
+        row: if it holds this write's counter and token, the write landed; if it holds
+        those of this store's last unconfirmed write for the row (one that raised a
+        transient error), that one landed, and this write is applied on top of it. Any
+        other row, including our own owner id re-taken by a Coordinator (a new token),
+        is a lost lease.
+        """
+        token = uuid.uuid4().hex[:16]
+        key = lease.key
+        fields = {COUNTER: lease.counter + 1, WRITE_TOKEN: token, **set_fields}
+        try:
+            new = self._update(key, lease.owner, lease.counter, fields, remove_fields)
+        except LeaseStoreError as e:
+            if e.retriable:
+                with self._seen_lock:
+                    self._unconfirmed[key] = (lease.counter + 1, token)
+            raise
         if new is None:
-            raise LeaseLostError(
-                f"{operation} of lease {lease.key!r}: not held by {lease.owner!r} at counter {lease.counter} any more"
-            )
+            row = self._read(key)
+            with self._seen_lock:
+                earlier = self._unconfirmed.get(key)
+            if row is not None and (int(row[COUNTER]), row.get(WRITE_TOKEN)) == (lease.counter + 1, token):
+                new = row  # this very write landed on an earlier attempt
+            elif row is not None and earlier is not None and (int(row[COUNTER]), row.get(WRITE_TOKEN)) == earlier \
+                    and row.get(OWNER) == lease.owner:
+                logger.info("lease %s: an earlier %s write landed although it failed; applying %s on top",
+                            key, lease.owner, operation)
+                with self._seen_lock:
+                    self._unconfirmed.pop(key, None)
+                self._note(row)
+                return self._holder_write(row_to_lease(row), operation, set_fields, remove_fields)
+            else:
+                raise LeaseLostError(
+                    f"{operation} of lease {key!r}: not held by {lease.owner!r} at counter {lease.counter} any more"
+                )
+        with self._seen_lock:
+            self._unconfirmed.pop(key, None)
         self._note(new)
         return row_to_lease(new)
 
@@ -659,7 +698,8 @@ class BaseLeaseStore:
             key,
             holder,
             counter,
-            {OWNER: owner, COUNTER: counter + 1, DURATION_MS: duration_ms, EXPIRY: self._wall_expiry_ms(duration_ms)},
+            {OWNER: owner, COUNTER: counter + 1, WRITE_TOKEN: uuid.uuid4().hex[:16], DURATION_MS: duration_ms,
+             EXPIRY: self._wall_expiry_ms(duration_ms)},
             (NEXT_OWNER,),
         )
         if new is None:

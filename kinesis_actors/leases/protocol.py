@@ -19,6 +19,9 @@ attribute                        type meaning
 ``stream_arn``                   S    the stream's ARN when the row was (re)started
 ``stream_creation_ms``           N    the stream's creation time, epoch ms: with the ARN,
                                       which incarnation of the stream the row belongs to
+``lease_write_token``            S    random, new on every write that raises the counter:
+                                      a writer tells its own write that landed although
+                                      the call failed (a retried ``UpdateItem``)
 ================================ ==== =================================================
 
 Presence rows (one per live instance reading a stream, for lease balancing) share the

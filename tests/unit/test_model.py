@@ -8,10 +8,12 @@ import pickle
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from kinesis_actors import InvalidError, KinesisBroker, KinesisStream, LeaseStoreError, SinkError, StartAt, StreamError
+from kinesis_actors import (InvalidError, KinesisBroker, KinesisStream, LeaseLostError, LeaseStoreError, SinkError,
+                            StartAt, StreamError)
 from kinesis_actors.errors import KinesisError, translate_aws_error
 from kinesis_actors.publisher import MAX_REQUEST_BYTES, _chunks, _entry
 from kinesis_actors.records import records_from_response
+from kinesis_actors.testing import InProcessLeaseStore as InProcessLeaseStoreBase
 
 
 @pytest.mark.parametrize("position", [
@@ -105,3 +107,54 @@ def test_errors_translate_and_pickle() -> None:
         clone = pickle.loads(pickle.dumps(error))
         assert type(clone) is type(error) and clone.aws_code == error.aws_code and clone.retriable == error.retriable
     assert issubclass(InvalidError, KinesisError) and issubclass(InvalidError, ValueError)
+
+
+# ------------------------------------------------------------------ writes that land although they failed
+class _LandsThenFails(InProcessLeaseStoreBase):
+    """The next ``_update`` is applied, then answered as the chosen failure: ``"retry"`` (botocore
+    retried a timed-out UpdateItem whose first attempt landed: the condition now fails) or
+    ``"error"`` (the call raised a transient error after the row changed)."""
+
+    fail: str | None = None
+
+    def _update(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        new = super()._update(*args, **kwargs)
+        mode, self.fail = self.fail, None
+        if mode == "retry":
+            return None
+        if mode == "error":
+            raise LeaseStoreError("read timeout (injected)", retriable=True)
+        return new
+
+
+def test_a_renewal_whose_retry_fails_its_condition_after_the_first_attempt_landed_is_kept() -> None:
+    store = _LandsThenFails()
+    lease = store.take("s", "shardId-0", owner="a", duration_s=10.0)
+    store.fail = "retry"
+    renewed = store.renew(lease)
+    assert renewed.counter == lease.counter + 1 and renewed.owner == "a"
+    assert store.renew(renewed).counter == lease.counter + 2, "and the next write goes on from it"
+
+
+def test_a_write_retried_by_its_caller_after_a_transient_error_that_landed_applies_on_top() -> None:
+    store = _LandsThenFails()
+    lease = store.take("s", "shardId-0", owner="a", duration_s=10.0)
+    store.fail = "error"
+    with pytest.raises(LeaseStoreError):
+        store.checkpoint(lease, "7")
+    again = store.checkpoint(lease, "7")  # the caller still holds the old Lease
+    assert again.counter == lease.counter + 2 and again.checkpoint == "7" and again.owner == "a"
+
+
+def test_our_owner_id_re_taken_after_an_unconfirmed_write_is_a_lost_lease() -> None:
+    store = _LandsThenFails()
+    zombie = store.take("s", "shardId-0", owner="a", duration_s=10.0)
+    store.fail = "error"
+    with pytest.raises(LeaseStoreError):
+        store.renew(zombie)
+    coordinator = store.peer()
+    assert coordinator.take("s", "shardId-0", owner="a", duration_s=10.0) is not None  # same owner id: re-homed
+    with pytest.raises(LeaseLostError):
+        store.renew(zombie)
+    with pytest.raises(LeaseLostError):
+        _LandsThenFails().renew(zombie)  # another store, nothing unconfirmed: plainly lost
