@@ -9,9 +9,10 @@ One command runs them all and writes ``bench/results.json``::
 Sections (``--only``/``--skip`` take their names): ``throughput`` (4 shards of 1 KB
 records from TRIM_HORIZON: the product into a counting actor vs raw boto3 single-process
 and thread-per-shard drains, plus the ``peer`` async-kinesis from its own virtualenv),
-``latency`` (50 rec/s for 30 s, publish -> sink), ``memory`` (USS per ShardReader at rest
-and under load, the Coordinator pass over 1,000 lease rows), ``failover`` (crash, close,
-process SIGKILL, reader kill), ``demo`` (``kinesis-actors demo`` wall time split).
+``latency`` (50 rec/s for 30 s, publish -> sink), ``memory`` (USS per ShardReader process
+of the pool at rest and under load, the Coordinator pass over 1,000 lease rows),
+``failover`` (crash, close, process SIGKILL, SIGKILL of one pool reader -> its shards on
+live readers), ``demo`` (``kinesis-actors demo`` wall time split).
 
 Every figure in ``results.json`` has ``name``, ``value``, ``unit``, ``anchor`` (what it is
 compared to), ``anchor_value``, ``ratio`` (value / anchor_value), ``goal`` and ``goal_met``.

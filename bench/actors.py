@@ -42,24 +42,27 @@ class CountingSink:
 @ray.remote(num_cpus=0)
 class TimedSink:
     """Records publish -> delivery latency of payloads ``T<epoch seconds>|...`` and, per
-    batch, (arrival time, shard id, records)."""
+    batch, (arrival time, shard id, records, latest publish stamp in it or 0)."""
 
     def __init__(self) -> None:
         self.latencies: list[float] = []
-        self.batches: list[tuple[float, str, int]] = []
+        self.batches: list[tuple[float, str, int, float]] = []
         self.n = 0
 
     def process_batch(self, records: list[Any]) -> None:
         now = time.time()
         self.n += len(records)
-        self.batches.append((now, records[0].shard_id, len(records)))
+        newest = 0.0
         for r in records:
             data = r.data
             if data[:1] == b"T":
                 try:
-                    self.latencies.append(now - float(data[1:data.index(b"|")]))
+                    stamp = float(data[1:data.index(b"|")])
                 except ValueError:
-                    pass
+                    continue
+                self.latencies.append(now - stamp)
+                newest = max(newest, stamp)
+        self.batches.append((now, records[0].shard_id, len(records), newest))
 
     def count(self) -> int:
         return self.n
@@ -69,11 +72,20 @@ class TimedSink:
 
     def first_after(self, t0: float, shards: list[str]) -> float | None:
         """Arrival time of the first batch after ``t0`` from one of ``shards``, or None."""
-        times = [t for t, sid, _ in self.batches if t > t0 and sid in shards]
+        times = [t for t, sid, *_ in self.batches if t > t0 and sid in shards]
         return min(times) if times else None
 
+    def first_fresh_after(self, t0: float, shards: list[str]) -> dict[str, float]:
+        """shard id -> arrival time of its first batch holding a record published after
+        ``t0`` (so fetched after ``t0``: a reader killed at ``t0`` never saw it)."""
+        out: dict[str, float] = {}
+        for t, sid, _, newest in self.batches:
+            if newest > t0 and sid in shards and (sid not in out or t < out[sid]):
+                out[sid] = t
+        return out
+
     def shards_since(self, t0: float) -> list[str]:
-        return sorted({sid for t, sid, _ in self.batches if t > t0})
+        return sorted({sid for t, sid, *_ in self.batches if t > t0})
 
     def reset(self) -> None:
         self.latencies.clear()

@@ -249,6 +249,27 @@ def uss_mib(p: Any) -> tuple[float, float] | None:
         return None
 
 
+def pool_pids(stats: dict[str, Any]) -> tuple[dict[int, int], int | None]:
+    """From ``Subscription.stats()``: {ShardReader pid: shards it holds} and the Coordinator's pid."""
+    readers = {int(r["pid"]): int(r.get("shards", 0)) for r in stats.get("readers", []) if r.get("pid")}
+    coordinator = (stats.get("coordinator") or {}).get("pid")
+    return readers, None if coordinator is None else int(coordinator)
+
+
+def uss_of_pids(pids: Iterable[int]) -> dict[int, float]:
+    """pid -> USS in MiB of each process still alive."""
+    psutil = psutil_mod()
+    out = {}
+    for pid in pids:
+        try:
+            m = uss_mib(psutil.Process(pid))
+        except Exception:  # noqa: BLE001 - gone
+            m = None
+        if m is not None:
+            out[pid] = m[0]
+    return out
+
+
 class UssSampler:
     """Samples the USS of processes matching a title prefix every ``period_s`` in a thread;
     keeps the peak per pid. Its own CPU time is kept (to subtract from the driver's)."""

@@ -10,8 +10,14 @@ batch the survivor's sink receives from one of the victim's shards:
 * ``close``: the victim's ``close()`` (checkpoint, release);
 * ``sigkill``: the victim runs in a child process (its own Ray job in our cluster) and
   is SIGKILLed;
-* ``reader_kill``: ``ray.kill`` of one ShardReader of an instance -> its replacement's
-  first delivery (same instance).
+* ``reader_sigkill``: one instance alone (4 shards, default ``max_shards_per_reader``,
+  so a pool of 2 readers), a publisher putting one record into every shard every 50 ms;
+  ``reader_kills`` times, SIGKILL (``os.kill``) of the pid (from ``stats()["readers"]``)
+  of a ShardReader holding at least one shard, once the pool is whole again -> the
+  first batch from EVERY shard it held that holds a record published after the kill
+  (so fetched by a live reader). The pid that reads each such shard afterwards
+  (``stats()["shards"][...]["pid"]``) must be a reader of the pool before the kill: no
+  actor start on the path.
 
 Default timings (lease 10 s, renew 3 s, lease poll 2 s) unless ``--quick``.
 """
@@ -28,7 +34,7 @@ import time
 import uuid
 from typing import Any
 
-from .common import REGION, Results, client, create_stream, hash_keys, median, wait_for
+from .common import REGION, Results, client, create_stream, hash_keys, median, psutil_mod, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -89,6 +95,11 @@ class _Instance:
         import ray
 
         return ray.get(self.sink.first_after.remote(t0, shards))
+
+    def sink_fresh(self, t0: float, shards: list[str]) -> dict[str, float]:
+        import ray
+
+        return ray.get(self.sink.first_fresh_after.remote(t0, shards))
 
     def flowing(self, t0: float, shards: list[str]) -> bool:
         import ray
@@ -173,6 +184,135 @@ def _split(res: Results, prefix: str, watcher: _RowWatcher, t0: float) -> None:
             note="the first victim row taken by the survivor (lease table polled every 0.1 s)")
 
 
+def _pool_whole(sub: Any, shards: list[str]) -> dict[str, Any] | None:
+    """stats() once the pool is whole: every shard open on a live reader of the pool, as
+    many ready readers as ``pool_size`` asks; else None."""
+    from kinesis_actors.coordinator import pool_size
+
+    try:
+        st = sub.stats()
+    except Exception:  # noqa: BLE001 - the Coordinator is busy: ask again
+        return None
+    live = {r["pid"] for r in st["readers"]}
+    on_live = all(st["shards"].get(sid, {}).get("pid") in live and st["shards"][sid].get("state") == "processing"
+                  for sid in shards)
+    wanted = pool_size(st["leases_held"], st["max_shards_per_reader"])
+    if st["leases_held"] == len(shards) and len(st["readers"]) >= wanted and on_live \
+            and sum(r["shards"] for r in st["readers"]) == len(shards):
+        return st
+    return None
+
+
+def _reader_sigkills(ctx: Any, res: Results) -> None:
+    """Section (d): SIGKILL of a ShardReader holding shards -> its shards delivering again from live readers."""
+    import ray
+
+    from .actors import Idle
+
+    t = ctx.timings
+    psutil = psutil_mod()
+    kills = ctx.params["reader_kills"]
+    period_s = 0.05
+    stream, table = f"bench-fo-rk-{uuid.uuid4().hex[:6]}", f"bench-fo-{uuid.uuid4().hex[:8]}"
+    shards = create_stream(ctx.endpoint, stream, 4)
+    shard_ids = [s["ShardId"] for s in shards]
+
+    starts = []  # the floor of any replacement: an actor start, measured here, side by side
+    for _ in range(3):
+        t_a = time.time()
+        idle = Idle.remote()
+        ray.get(idle.pid.remote())
+        starts.append(time.time() - t_a)
+        ray.kill(idle)
+    actor_start = median(starts)
+    res.add("failover", "ray_actor_start_s", actor_start, "s",
+            note="create a do-nothing actor and get its first answer (a new worker process): the floor of "
+                 "every takeover that waits for an actor; median of 3")
+
+    per_kill: list[dict[str, Any]] = []
+    with _Publisher(ctx.endpoint, stream, list(hash_keys(shards).values()), period_s=period_s):
+        inst = _Instance(ctx, table, stream, "reader-kill", None)
+        try:
+            t0 = time.time()
+            wait_for(lambda: inst.flowing(t0, shard_ids), timeout_s=30, interval_s=0.2)
+            for i in range(kills):
+                st = wait_for(lambda: _pool_whole(inst.sub, shard_ids), timeout_s=90, interval_s=0.25)
+                if not st:
+                    raise RuntimeError(f"reader kill {i + 1}: the pool was not whole again within 90 s")
+                time.sleep(0.5)  # every shard at its tip, records flowing
+                st = _pool_whole(inst.sub, shard_ids) or st
+                before = {r["pid"]: r for r in st["readers"]}
+                holders = sorted((r for r in st["readers"] if r["shards"] > 0), key=lambda r: r["reader"])
+                victim = holders[i % len(holders)]
+                held = sorted(sid for sid in shard_ids if st["shards"][sid]["pid"] == victim["pid"])
+                replaced0 = st["readers_replaced"]
+                target = psutil.Process(victim["pid"])
+                title = (target.cmdline() or [""])[0]
+                if not title.startswith("ray::ShardReader"):
+                    raise RuntimeError(f"pid {victim['pid']} from stats() is {title!r}, not a ShardReader: not killed")
+                t_kill = time.time()
+                os.kill(victim["pid"], signal.SIGKILL)
+                seen: dict[str, float] = {}
+
+                def every_shard_back() -> bool:
+                    seen.update(inst.sink_fresh(t_kill, held))
+                    return len(seen) == len(held)
+
+                wait_for(every_shard_back, timeout_s=30, interval_s=0.05)
+                got = dict(seen)
+                after = wait_for(lambda: _pool_whole(inst.sub, shard_ids), timeout_s=90, interval_s=0.25) or {}
+                new_pids = [r["pid"] for r in after.get("readers", []) if r["pid"] not in before]
+                created = {}
+                for pid in new_pids:
+                    try:
+                        created[pid] = psutil.Process(pid).create_time()
+                    except Exception:  # noqa: BLE001
+                        pass
+                last = max(got.values()) if len(got) == len(held) else None
+                delivering = {sid: after.get("shards", {}).get(sid, {}).get("pid") for sid in held}
+                rec = {
+                    "reader": victim["reader"], "pid": victim["pid"], "shards": held,
+                    "every_s": None if last is None else last - t_kill,
+                    "first_s": min(got.values()) - t_kill if got else None,
+                    "delivering_pids": delivering,
+                    "by_pool_reader_of_before": all(p in before and p != victim["pid"] for p in delivering.values()),
+                    "new_process_before_deliveries": any(c < last for c in created.values()) if last else None,
+                    "readers_replaced": after.get("readers_replaced", replaced0) - replaced0,
+                }
+                per_kill.append(rec)
+                ctx.log(f"  reader SIGKILL {i + 1}: reader {victim['reader']} (pid {victim['pid']}, {len(held)} shards): "
+                        f"every shard in {rec['every_s']} s, first {rec['first_s']} s; read on by {delivering}; "
+                        f"new pids {new_pids}")
+        finally:
+            inst.close()
+    every = [k["every_s"] for k in per_kill if k["every_s"] is not None]
+    clean = sum(1 for k in per_kill if k["by_pool_reader_of_before"])
+    med = median(every)
+    complete = len(every) == kills
+    res.add("failover", "reader_sigkill_to_shards_delivering_s", med, "s", anchor="ray_actor_start_s",
+            anchor_value=actor_start,
+            goal=f"<= 0.5 s median over {kills} kills, no actor start on the path",
+            check=lambda v: v <= 0.5 and complete and clean == kills,
+            note=f"SIGKILL (os.kill) of a ShardReader's pid from stats() holding >= 1 shard, {kills} kills, each once "
+                 f"the pool was whole; kill -> the first batch from EVERY shard it held with a record published after "
+                 f"the kill (publisher: every shard every {period_s * 1000:.0f} ms); all: "
+                 f"{[None if k['every_s'] is None else round(k['every_s'], 3) for k in per_kill]}; shards per kill "
+                 f"{[len(k['shards']) for k in per_kill]}; 4 shards, default max_shards_per_reader, DynamoDB "
+                 f"lease table, lease {t['lease_duration_s']:g} s")
+    res.add("failover", "reader_sigkill_first_shard_delivering_s", median(k["first_s"] for k in per_kill), "s",
+            anchor="ray_actor_start_s", anchor_value=actor_start,
+            note=f"kill -> the first of its shards delivering again; all "
+                 f"{[None if k['first_s'] is None else round(k['first_s'], 3) for k in per_kill]}")
+    res.add("failover", "reader_sigkill_read_on_by_pool_readers", clean, "kills", anchor="kills", anchor_value=kills,
+            goal="every kill", check=lambda v: v == kills,
+            note="kills after which every shard of the dead reader was read by a reader that was in the pool before "
+                 "the kill (stats()['shards'][...]['pid'])")
+    res.add("failover", "reader_sigkill_new_process_before_deliveries", sum(1 for k in per_kill if k[
+        "new_process_before_deliveries"]), "kills", anchor="kills", anchor_value=kills,
+            note="kills where the replacement reader's process was created (psutil create_time) before the last of "
+                 "those deliveries: it starts in the background, off the path; informational")
+
+
 def run(ctx: Any, res: Results) -> None:
     import ray
 
@@ -226,7 +366,7 @@ def run(ctx: Any, res: Results) -> None:
         pub.__exit__()
         survivor.close()
 
-    # (c) the victim in a child process, SIGKILLed; then (d) reader kill in the survivor
+    # (c) the victim in a child process, SIGKILLed
     stream, table = f"bench-fo-sigkill-{uuid.uuid4().hex[:6]}", f"bench-fo-{uuid.uuid4().hex[:8]}"
     shards = create_stream(ctx.endpoint, stream, 4)
     address = ray.get_runtime_context().gcs_address
@@ -266,38 +406,12 @@ def run(ctx: Any, res: Results) -> None:
                     anchor_value=bound, goal=f"<= {bound:g} s", check=lambda v: v <= bound,
                     note=f"victim = its own Ray job in a child process, SIGKILL of its driver; {timing_note}")
             res.add("failover", "sigkill_to_survivor_every_shard_s", every, "s", anchor="lease_duration_s + 2", anchor_value=bound)
-
-            # (d) reader kill -> replacement delivering (same instance)
-            times = []
-            for i in range(ctx.params["reader_kills"]):
-                handles = survivor.sub._call("reader_handles")
-                shard = sorted(handles)[i % len(handles)]
-                time.sleep(0.5)
-                t_kill = time.time()
-                ray.kill(handles[shard], no_restart=True)
-                # +50 ms: a batch the old reader sent just before it died is not the replacement's
-                got = wait_for(lambda: survivor.first_after(t_kill + 0.05, [shard]), timeout_s=30, interval_s=0.05)
-                times.append(None if not got else got - t_kill)
-                ctx.log(f"  reader kill {shard}: {times[-1]} s")
-            ok = [x for x in times if x is not None]
-            from .actors import Idle
-
-            starts = []
-            for _ in range(3):
-                t_a = time.time()
-                idle = Idle.remote()
-                ray.get(idle.pid.remote())
-                starts.append(time.time() - t_a)
-                ray.kill(idle)
-            res.add("failover", "ray_actor_start_s", median(starts), "s",
-                    note="create a do-nothing actor and get its first answer (a new worker process): the floor of "
-                         "every takeover and replacement above; median of 3")
-            res.add("failover", "reader_kill_to_replacement_delivering_s", median(ok), "s", anchor="goal", anchor_value=2.0,
-                    goal="<= 2 s", check=lambda v: v <= 2.0,
-                    note=f"ray.kill of one ShardReader; median of {len(ok)} (all: {[round(x, 2) for x in ok]})")
         finally:
             if child.poll() is None:
                 child.kill()
                 child.wait()
             if survivor is not None:
                 survivor.close()
+
+    # (d) SIGKILL of one reader of an instance -> its shards delivering again from live readers
+    _reader_sigkills(ctx, res)

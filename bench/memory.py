@@ -1,14 +1,17 @@
 """Section ``memory`` (issue 9, item 4): USS per ShardReader; the Coordinator pass at scale.
 
-* USS (unique set size, psutil) of each ``ray::ShardReader`` process of our Ray runtime:
-  at rest (4 readers at the tip of an idle stream for a few seconds) and under load (the
-  peak sampled every 0.5 s during the last product run of ``throughput``). Anchor: an
-  idle Ray actor that does nothing.
+* USS (unique set size, psutil) of each ``ray::ShardReader`` process of a 4-shard
+  subscription (the pool: one reader holds the leases, up to ``max_shards_per_reader``,
+  plus one to spare; pids from ``stats()["readers"]``): at rest (at the tip of an idle
+  stream for a few seconds) and under load (the peak sampled every 0.5 s during the last
+  product run of ``throughput``). Anchor: an idle Ray actor that does nothing. Per-shard
+  USS at 16..1,000 shards is the ``scale`` section's.
 * The steady-state Coordinator pass (``ListShards`` + one lease-table read, plus the
   takes it decides on) over a stream of 1,000 shards whose 1,000 lease rows exist, with
-  readers capped by ``max_leases=4``: :class:`CoordinatorCore` runs in this process with
-  the real ``DynamoLeaseStore`` and Kinesis client against the emulator, and a launcher
-  whose readers are stubs (no actors). Calls are counted with a botocore
+  its leases capped by ``max_leases=4``: :class:`CoordinatorCore` runs in this process
+  with the real ``DynamoLeaseStore`` and Kinesis client against the emulator, and a
+  launcher whose pool readers are stubs (no actors; ``add`` answers "processing"). The
+  first pass is ``poll_leases(deadline=...)``, as ``start()`` runs it. Calls are counted with a botocore
   ``before-call`` event hook.
 """
 
@@ -20,37 +23,49 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .common import REGION, Results, client, create_stream, median, ray_processes, uss_mib
+from .common import REGION, Results, client, create_stream, median, pool_pids, psutil_mod, ray_processes, uss_mib
 
 
 class _StubReader:
-    """A ReaderHandle that holds its slot and does nothing (no actor). Tolerant of the
-    protocol's arguments: every method takes anything."""
+    """A ReaderHandle of the pool protocol that holds its leases and reads nothing (no
+    actor): ``add`` says the shard is open, ``events`` waits (nothing ever ends), ``stop``
+    drops what it holds. One per pool slot (``launcher(n)``)."""
 
-    def __init__(self) -> None:
-        self._done = asyncio.Event()
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.shards: set[str] = set()
+        self._stopped = asyncio.Event()
 
-    async def join(self, *args: Any, **kwargs: Any) -> str:
-        await self._done.wait()
-        return "closed"
+    async def ping(self) -> None:
+        return None
 
-    async def stop(self, *args: Any, **kwargs: Any) -> None:
-        self._done.set()
+    async def add(self, spec: Any, lease: Any) -> Any:
+        from kinesis_actors.reader import ConsumerState, ShardEvent
 
-    async def stats(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        return {}
+        self.shards.add(spec.shard_id)
+        return ShardEvent(spec.shard_id, ConsumerState.PROCESSING.value)
 
-    def kill(self, *args: Any, **kwargs: Any) -> None:
-        self._done.set()
+    async def events(self, timeout_s: float) -> list[Any]:
+        try:
+            await asyncio.wait_for(self._stopped.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        return []
 
-    def __getattr__(self, name: str) -> Any:  # open, start, seek, ping, and whatever comes next
-        if name.startswith("_"):
-            raise AttributeError(name)
+    async def stop(self, shard_id: str | None, release: bool, grace_s: float) -> None:
+        if shard_id is None:
+            self.shards.clear()
+        else:
+            self.shards.discard(shard_id)
 
-        async def noop(*args: Any, **kwargs: Any) -> None:
-            return None
+    async def seek(self, shard_id: str, position: Any) -> bool:
+        return shard_id in self.shards
 
-        return noop
+    async def stats(self) -> dict[str, Any]:
+        return {"shards": {sid: {} for sid in self.shards}, "reader": {"stub": self.n}}
+
+    def kill(self) -> None:
+        self._stopped.set()
 
 
 def _uss(ctx: Any, res: Results) -> None:
@@ -68,21 +83,27 @@ def _uss(ctx: Any, res: Results) -> None:
                          lease_store=DynamoLeaseStore(f"bench-mem-{uuid.uuid4().hex[:8]}", create_if_missing=True)).connect()
     sub = conn.subscribe(KinesisStream(stream), sink=TimedSink.remote())  # nothing is published: never called
     time.sleep(ctx.params["rest_seconds"])
-    readers = ray_processes("ray::ShardReader", [ctx.emulator_pid])
-    coordinators = ray_processes("ray::Coordinator", [ctx.emulator_pid])
+    readers, coordinator_pid = pool_pids(sub.stats())
+    psutil = psutil_mod()
+    reader_mem = [m for m in (uss_mib(psutil.Process(p)) for p in readers) if m]
+    coord = uss_mib(psutil.Process(coordinator_pid)) if coordinator_pid else None
+    coord_mem = [coord] if coord else []
     idle_proc = [p for p in ray_processes("ray::Idle", [ctx.emulator_pid]) if p.pid == pid]
-    reader_mem = [m for m in (uss_mib(p) for p in readers) if m]
-    coord_mem = [m for m in (uss_mib(p) for p in coordinators) if m]
     idle_mem = uss_mib(idle_proc[0]) if idle_proc else None
     sub.close()
     conn.shutdown()
     ray.kill(idle)
     anchor = idle_mem[0] if idle_mem else None
+    layout = ", ".join(f"{n} shards" for n in sorted(readers.values(), reverse=True))
     res.add("memory", "idle_actor_uss_mib", anchor, "MiB", note="a Ray actor that does nothing (the floor of any actor)")
     res.add("memory", "reader_uss_at_rest_mib", max((m[0] for m in reader_mem), default=None), "MiB",
             anchor="idle_actor_uss_mib", anchor_value=anchor, goal="<= 60 MiB", check=lambda v: v <= 60,
-            note=f"max of {len(reader_mem)} ShardReaders at the tip of an idle stream after {ctx.params['rest_seconds']} s; "
+            note=f"max of the pool's {len(reader_mem)} ShardReader processes ({layout}; pids from stats()) at the tip "
+                 f"of an idle 4-shard stream after {ctx.params['rest_seconds']} s; "
                  f"RSS {max((m[1] for m in reader_mem), default=0):.0f} MiB")
+    res.add("memory", "readers_uss_at_rest_total_mib", sum(m[0] for m in reader_mem) if reader_mem else None, "MiB",
+            anchor="idle_actor_uss_mib", anchor_value=anchor,
+            note=f"all {len(reader_mem)} ShardReader processes of the 4-shard subscription (one reader to spare)")
     res.add("memory", "coordinator_uss_at_rest_mib", max((m[0] for m in coord_mem), default=None), "MiB",
             anchor="idle_actor_uss_mib", anchor_value=anchor)
     raw = getattr(ctx, "raw_uss", None)
@@ -93,8 +114,9 @@ def _uss(ctx: Any, res: Results) -> None:
         res.add("memory", "reader_uss_under_load_mib", max(ctx.uss_under_load), "MiB",
                 anchor="raw_drain_process_uss_peak_mib" if raw else "idle_actor_uss_mib",
                 anchor_value=raw[0] if raw else anchor, goal="<= 60 MiB", check=lambda v: v <= 60,
-                note="peak over the 4 ShardReaders, sampled every 0.5 s during the last product throughput run "
-                     "(GetRecords of up to 10,000 x 1 KB records)")
+                note=f"peak over the pool's ShardReader processes ({getattr(ctx, 'reader_layout', '') or '?'}), "
+                     "sampled every 0.5 s during the last product throughput run (4 shards, GetRecords of up to "
+                     "10,000 x 1 KB records)")
         if getattr(ctx, "uss_small_batches", None):
             res.add("memory", "reader_uss_under_load_max_records_1000_mib", ctx.uss_small_batches, "MiB",
                     anchor="reader_uss_under_load_mib", anchor_value=max(ctx.uss_under_load), goal="<= 60 MiB",
@@ -141,18 +163,24 @@ def _coordinator_pass(ctx: Any, res: Results) -> None:
     mine._client_now().meta.events.register("before-call.dynamodb", count)
     kinesis.meta.events.register("before-call.kinesis", count)
     core = CoordinatorCore(KinesisStream(stream, max_leases=cap), aws=settings, store=mine, owner_id="bench-coordinator",
-                           lease_duration_s=10.0, renew_interval_s=3.0, launcher=lambda spec, lease: _StubReader(),
+                           lease_duration_s=10.0, renew_interval_s=3.0, launcher=_StubReader,
                            kinesis=kinesis)
+
+    held_after: list[int] = []
 
     async def passes() -> list[tuple[float, dict[str, int], float]]:
         out = []
-        for _ in range(ctx.params["scale_passes"] + 1):
+        for i in range(ctx.params["scale_passes"] + 1):
             calls.clear()
             t = time.perf_counter()
             await core.sync_shards()
             t_list = time.perf_counter() - t
-            await core.poll_leases()
+            if i == 0:  # the first pass as start() runs it: grow the (stub) pool, wait for room, take, open
+                await core.poll_leases(deadline=time.monotonic() + 60.0)
+            else:
+                await core.poll_leases()
             out.append((time.perf_counter() - t, dict(calls), t_list))
+            held_after.append(len(core.held()))
         await core.close(release=False)
         return out
 
@@ -180,7 +208,9 @@ def _coordinator_pass(ctx: Any, res: Results) -> None:
     res.add("memory", "raw_scan_and_list_shards_s", raw_pass, "s",
             note=f"plain boto3: one consistent Scan of the {rows} rows (same filter) + ListShards; median of {len(raw_times)}")
     first, steady = results[0], results[1:]
-    held = cap
+    held = held_after[0]
+    if held != cap or any(h != cap for h in held_after):
+        res.note(f"memory: the Coordinator pass held {held_after} leases after each pass, expected {cap}")
     res.add("memory", "coordinator_first_pass_s", first[0], "s",
             note=f"{rows} shards, {rows - cap} rows held by others, takes {held}: calls {first[1]}")
     t_steady = median(t for t, _, _ in steady)
@@ -188,7 +218,7 @@ def _coordinator_pass(ctx: Any, res: Results) -> None:
     res.add("memory", "coordinator_pass_s", t_steady, "s", anchor="raw_scan_and_list_shards_s", anchor_value=raw_pass,
             goal="<= 1 s",
             check=lambda v: v <= 1.0,
-            note=f"steady state, {rows} lease rows, max_leases={cap} (readers capped, stubbed); median of {len(steady)}; "
+            note=f"steady state, {rows} lease rows, max_leases={cap} (leases capped, pool readers stubbed); median of {len(steady)}; "
                  f"calls per pass {steady[-1][1]}; ListShards {t_list:.2f} s of it, the lease-table read and "
                  f"decisions {t_steady - t_list:.2f} s")
     res.add("memory", "coordinator_pass_dynamodb_calls", sum(v for k, v in steady[-1][1].items() if k in ("Scan", "GetItem",

@@ -28,14 +28,14 @@ DEFAULT = {
     "tp_records_per_shard": 20_000, "tp_record_bytes": 1024, "tp_reps": 3,
     "lat_rate": 50, "lat_seconds": 30.0,
     "rest_seconds": 5.0, "scale_rows": 1000, "scale_passes": 5,
-    "reader_kills": 3,
+    "reader_kills": 5,
     "demo_args": ["--month", "1"], "demo_timeout_s": 900,
 }
 QUICK = {
     "tp_records_per_shard": 500, "tp_record_bytes": 1024, "tp_reps": 1,
     "lat_rate": 50, "lat_seconds": 4.0,
     "rest_seconds": 2.0, "scale_rows": 40, "scale_passes": 2,
-    "reader_kills": 1,
+    "reader_kills": 2,
     "demo_args": ["--day", "2013-01-01"], "demo_timeout_s": 300,
 }
 DEFAULT_TIMINGS = {"lease_duration_s": 10.0, "renew_interval_s": 3.0, "lease_poll_interval_s": 2.0}
@@ -59,6 +59,7 @@ class Ctx:
     uss_under_load_all: dict[int, float] = dataclasses.field(default_factory=dict)
     raw_uss: tuple[float, float] | None = None
     uss_small_batches: float | None = None
+    reader_layout: str = ""
     t0: float = dataclasses.field(default_factory=time.monotonic)
 
     def log(self, msg: str) -> None:
