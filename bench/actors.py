@@ -98,3 +98,38 @@ class Idle:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+@ray.remote(num_cpus=0)
+class DistinctSink:
+    """Counts distinct records (shard id, sequence number) per shard against what each
+    shard holds; notes when the last shard got its last record (arrival time)."""
+
+    def __init__(self, per_shard: int, shards: int) -> None:
+        self.per_shard, self.shards = per_shard, shards
+        self.seen: set[tuple[str, str]] = set()
+        self.per: dict[str, int] = {}
+        self.deliveries = 0
+        self.complete = 0
+        self.t_first: float | None = None
+        self.t_all: float | None = None
+
+    def process_batch(self, records: list[Any]) -> None:
+        now = time.time()
+        if self.t_first is None:
+            self.t_first = now
+        self.deliveries += len(records)
+        for r in records:
+            key = (r.shard_id, r.sequence_number)
+            if key in self.seen:
+                continue
+            self.seen.add(key)
+            n = self.per[r.shard_id] = self.per.get(r.shard_id, 0) + 1
+            if n == self.per_shard:
+                self.complete += 1
+        if self.t_all is None and self.complete >= self.shards:
+            self.t_all = now
+
+    def progress(self) -> dict[str, Any]:
+        return {"distinct": len(self.seen), "deliveries": self.deliveries, "shards_complete": self.complete,
+                "shards_seen": len(self.per), "t_first": self.t_first, "t_all": self.t_all}

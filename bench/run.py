@@ -21,7 +21,7 @@ from typing import Any  # noqa: E402
 from .common import Results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SECTIONS = ("throughput", "peer", "latency", "memory", "failover", "demo")
+SECTIONS = ("throughput", "peer", "latency", "memory", "failover", "scale", "demo")
 PEER_PACKAGE = "async-kinesis==3.0.1"
 
 DEFAULT = {
@@ -29,6 +29,11 @@ DEFAULT = {
     "lat_rate": 50, "lat_seconds": 30.0,
     "rest_seconds": 5.0, "scale_rows": 1000, "scale_passes": 5,
     "reader_kills": 5,
+    "scale_sizes": [16, 64, 256, 1000], "scale_per_shard": 50, "scale_per_shard_1000": 20, "scale_record_bytes": 100,
+    "scale_idle_s": 10.0, "scale_settle_s": 3.0, "scale_timeout_s": 600.0, "scale_cap1_sizes": [16, 64],
+    "scale_sweep_size": 256, "scale_sweep_caps": [32, 64, 128, 256], "scale_dynamo_shards": 1000,
+    "scale_dynamo_timings": [[10.0, 3.0], [30.0, 10.0]], "scale_dynamo_window_s": 40.0, "scale_probe_threads": 16,
+    "scale_probe_s": 4.0,
     "demo_args": ["--month", "1"], "demo_timeout_s": 900,
 }
 QUICK = {
@@ -36,6 +41,10 @@ QUICK = {
     "lat_rate": 50, "lat_seconds": 4.0,
     "rest_seconds": 2.0, "scale_rows": 40, "scale_passes": 2,
     "reader_kills": 2,
+    "scale_sizes": [16, 64], "scale_per_shard": 50, "scale_per_shard_1000": 20, "scale_record_bytes": 100,
+    "scale_idle_s": 4.0, "scale_settle_s": 1.0, "scale_timeout_s": 180.0, "scale_cap1_sizes": [16],
+    "scale_sweep_size": 256, "scale_sweep_caps": [], "scale_dynamo_shards": 1000,
+    "scale_dynamo_timings": [], "scale_dynamo_window_s": 40.0, "scale_probe_threads": 16, "scale_probe_s": 4.0,
     "demo_args": ["--day", "2013-01-01"], "demo_timeout_s": 300,
 }
 DEFAULT_TIMINGS = {"lease_duration_s": 10.0, "renew_interval_s": 3.0, "lease_poll_interval_s": 2.0}
@@ -96,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help=f"comma-separated sections to run ({','.join(SECTIONS)})")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip")
     ap.add_argument("--out", default=os.path.join(HERE, "results.json"), help="where to write the JSON [bench/results.json]")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                    help="override one parameter of the mode, e.g. --set 'scale_sizes=[16]' (recorded in the JSON)")
     ap.add_argument("--peer-venv", default=os.path.join(HERE, ".venv-peer"), help="the peer's virtualenv [bench/.venv-peer]")
     a = ap.parse_args(argv)
     only = [s for s in a.only.split(",") if s]
@@ -107,6 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     if "peer" in sections and "throughput" not in sections:
         sections = ("throughput", *sections)  # the peer reads the throughput stream
     params = dict(QUICK if a.quick else DEFAULT)
+    for item in a.set:
+        key, eq, value = item.partition("=")
+        if not eq or key not in params:
+            ap.error(f"--set takes KEY=JSON with KEY one of: {', '.join(sorted(params))}")
+        try:
+            params[key] = json.loads(value)
+        except ValueError as e:
+            ap.error(f"--set {key}: not JSON ({e})")
     timings = dict(QUICK_TIMINGS if a.quick else DEFAULT_TIMINGS)
     ctx = Ctx(quick=a.quick, full_year=a.full_year, sections=sections, params=params, timings=timings,
               timeout_s=120.0 if a.quick else 300.0)
@@ -131,13 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         res.timings[name] = time.monotonic() - t
         res.write(a.out)  # partial results survive a crash later on
 
-    needs_ray = [s for s in sections if s in ("throughput", "latency", "memory", "failover")]
+    needs_ray = [s for s in sections if s in ("throughput", "latency", "memory", "failover", "scale")]
     if needs_ray:
         import ray
 
         from kinesis_actors.emulator import Emulator
 
-        from . import failover, latency, memory, throughput
+        from . import failover, latency, memory, scale, throughput
 
         t = time.monotonic()
         with Emulator() as emu:
@@ -155,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             ctx.log(f"emulator at {emu.endpoint} and Ray up in {time.monotonic() - t:.1f} s")
             try:
                 for name, mod in (("throughput", throughput), ("latency", latency), ("memory", memory),
-                                  ("failover", failover)):
+                                  ("failover", failover), ("scale", scale)):
                     if name in sections:
                         section(name, mod.run)
             finally:
