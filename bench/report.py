@@ -22,6 +22,12 @@ KEY = (
     "reader_sigkill_to_shards_delivering_s", "reader_sigkill_read_on_by_pool_readers", "ray_actor_start_s",
     "idle_actor_uss_mib", "reader_uss_at_rest_mib", "readers_uss_at_rest_total_mib", "raw_drain_process_uss_peak_mib", "reader_uss_under_load_mib",
     "reader_uss_under_load_max_records_1000_mib", "coordinator_pass_s", "coordinator_pass_dynamodb_calls",
+    *(f"scale_{n}_{k}" for n in (16, 64, 256, 1000) for k in (
+        "subscribe_s", "all_delivered_s", "delivered_distinct", "leases_lost", "processes", "readers_uss_mib",
+        "uss_per_shard_mib", "idle_requests_per_s_per_shard", "idle_emulator_cpu_share")),
+    "scale_16_cap1_uss_total_mib", "scale_64_cap1_uss_total_mib", "scale_64_cap1_subscribe_s",
+    "scale_1000_dynamo_lease10_leases_lost", "scale_1000_dynamo_lease10_idle_update_item_per_s",
+    "scale_1000_dynamo_lease30_leases_lost", "scale_1000_dynamo_lease30_idle_update_item_per_s",
     "january_wall_s", "january_emulator_start_s", "january_ray_start_s", "january_subscribe_s", "january_publish_s",
     "january_consume_s", "full_year_wall_s", "full_year_publish_s", "full_year_consume_s",
 )

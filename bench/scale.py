@@ -125,7 +125,14 @@ def _raw_drain(endpoint: str, stream: str, shard_ids: list[str], per_shard: int)
 def _probe_update_item(endpoint: str, threads: int, seconds: float, rows: int = 1000) -> float:
     """The most conditional UpdateItems per second plain boto3 gets from this emulator: ``threads``
     threads, each updating its own rows with a condition on an owner and a counter (as a lease renewal)."""
-    ddb = client(endpoint, "dynamodb", max_pool_connections=max(10, threads))
+    import boto3
+    from botocore.config import Config
+
+    from .common import CREDENTIALS
+
+    ddb = boto3.client("dynamodb", endpoint_url=endpoint, region_name=REGION, **CREDENTIALS,
+                       config=Config(retries={"mode": "standard", "max_attempts": 5},
+                                     max_pool_connections=max(10, threads), read_timeout=60))
     table = f"probe-{uuid.uuid4().hex[:6]}"
     ddb.create_table(TableName=table, KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
                      AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}], BillingMode="PAY_PER_REQUEST")
@@ -279,7 +286,7 @@ def _label(r: dict[str, Any]) -> str:
 
 def _describe(r: dict[str, Any]) -> str:
     what = f"{r['n']} shards x {r['per_shard']} records"
-    what += f", max_shards_per_reader={r.get('max_shards_per_reader', r['cap'])}"
+    what += f", max_shards_per_reader={r.get('max_shards_per_reader') or r['cap'] or 'default'}"
     if r["dynamo"] is not None:
         what += f", DynamoLeaseStore lease {r['dynamo'][0]:g} s / renew {r['dynamo'][1]:g} s"
     else:
@@ -366,7 +373,10 @@ def _add_dynamo(res: Results, r: dict[str, Any], default: dict[str, Any] | None)
     res.add("scale", f"{lab}_all_delivered_s", r["all_delivered_s"], "s",
             anchor=None if default is None or "error" in default else f"{_label(default)}_all_delivered_s",
             anchor_value=None if default is None or "error" in default else default["all_delivered_s"],
-            note=(r.get("timeout") or "") + f"; distinct {r['distinct']} of {r['published']} published")
+            note="; ".join(x for x in (r.get("timeout"), f"distinct {r['distinct']} of {r['published']} published") if x))
+    res.add("scale", f"{lab}_delivered_distinct", r["distinct"], "records", anchor="published",
+            anchor_value=r["published"], goal="= published", check=lambda v: v >= r["published"],
+            note=f"{r['deliveries']} deliveries in all (duplicates included)")
     needed = n / renew
     for phase in ("read", "idle"):
         m = r[phase]

@@ -26,11 +26,14 @@ def test_bench_quick_writes_valid_json(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert data["mode"] == "quick" and data["machine"]["cores"]
     sections = {f["section"] for f in data["figures"]}
-    assert {"throughput", "latency", "memory", "failover"} <= sections
+    assert {"throughput", "latency", "memory", "failover", "scale"} <= sections
     for f in data["figures"]:
         assert set(f) >= {"name", "value", "unit", "anchor", "anchor_value", "ratio", "goal", "goal_met"}
         assert f["value"] is None or isinstance(f["value"], (int, float))
     names = {f["name"] for f in data["figures"]}
     assert {"product_records_per_s", "raw_single_records_per_s", "raw_threads_records_per_s", "product_p50_ms",
-            "reader_uss_at_rest_mib", "coordinator_pass_s", "crash_to_survivor_first_record_s"} <= names
+            "reader_uss_at_rest_mib", "coordinator_pass_s", "crash_to_survivor_first_record_s",
+            "reader_sigkill_to_shards_delivering_s", "scale_16_subscribe_s", "scale_64_all_delivered_s",
+            "scale_64_uss_per_shard_mib", "scale_16_cap1_uss_total_mib"} <= names
+    assert not [f for f in data["figures"] if f["name"].endswith("_failed")], "every scale run went to the end"
     assert "product_records_per_s" in proc.stdout  # the printed table

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench.common import Results, percentile, steady_rate
+from bench.common import Results, percentile, pool_pids, steady_rate
 from bench.demo import parse
 from bench.report import markdown
 
@@ -47,3 +47,20 @@ def test_demo_output_parser() -> None:
     assert p["at_emulator"] == 0.1 and p["at_stream"] == 2.0 and p["at_ray"] == 5.5 and p["at_owners"] == 9.0
     assert p["at_delivered"] == 20.0 and p["at_closing"] == 21.0 and p["at_closed"] == 22.5
     assert p["events"] == 27004 and p["publish_s"] == 8.1 and p["consume_s"] == 11.0
+
+
+def test_pool_pids_from_stats() -> None:
+    stats = {"readers": [{"reader": 1, "pid": 11, "shards": 3}, {"reader": 2, "pid": 12, "shards": 0}],
+             "coordinator": {"pid": 10, "node_id": "n"}}
+    assert pool_pids(stats) == ({11: 3, 12: 0}, 10)
+    assert pool_pids({"readers": []}) == ({}, None)
+
+
+def test_scale_meter_delta_rates() -> None:
+    from bench.scale import _Meter
+
+    a = {"t": 100.0, "requests": {"GetRecords": 10, "UpdateItem": 5}, "emu_cpu": 1.0, "busy": 50.0}
+    b = {"t": 110.0, "requests": {"GetRecords": 110, "UpdateItem": 5, "Scan": 4}, "emu_cpu": 6.0, "busy": 60.0}
+    d = _Meter.delta(a, b)
+    assert d["wall_s"] == 10.0 and d["by_op"] == {"GetRecords": 10.0, "Scan": 0.4}  # ops that did not move are left out
+    assert abs(d["total"] - 10.4) < 1e-9 and d["emu_share"] == 0.5 and d["cores_busy"] == 1.0
