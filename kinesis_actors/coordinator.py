@@ -84,6 +84,7 @@ T = TypeVar("T")
 
 _EVENTS_POLL_S = 5.0  # how long one ``events`` call of a reader waits for news
 _START_FAILURES_FATAL = 3  # reader starts failing in a row that end a first pass early
+_STRAGGLER_WAIT_S = 5.0  # first pass: how long to wait for a slow reader once the others have room
 _STORE_THREADS = 16  # threads for the Coordinator's lease-store calls (takes of a first pass run in parallel)
 
 
@@ -477,11 +478,19 @@ class CoordinatorCore:
             self._spawn(self._place_unplaced(), "place")
 
     async def _wait_for_room(self, leases: int, deadline: float) -> None:
-        """First pass: wait until the ready readers have room for ``leases`` more, or the
-        deadline, or reader starts failed :data:`_START_FAILURES_FATAL` times in a row (a
-        bad ``runtime_env``, resources no node has: waiting longer would not help)."""
-        while (self._room_left() < leases and self._clock() < deadline and not self._closing
-               and self._start_failures_in_a_row < _START_FAILURES_FATAL):
+        """First pass: wait until the ready readers have room for ``leases`` more and the
+        readers started with them are ready too (so the leases spread over the whole pool:
+        one dead reader then moves as few as possible), but for the others at most
+        :data:`_STRAGGLER_WAIT_S` once there is room. Gives up at the deadline, or when
+        reader starts failed :data:`_START_FAILURES_FATAL` times in a row (a bad
+        ``runtime_env``, resources no node has: waiting longer would not help)."""
+        room_since: float | None = None
+        while self._clock() < deadline and not self._closing and self._start_failures_in_a_row < _START_FAILURES_FATAL:
+            starting = any(not r.ready for r in self._readers.values())
+            if self._room_left() >= leases:
+                room_since = self._clock() if room_since is None else room_since
+                if not starting or self._clock() - room_since >= _STRAGGLER_WAIT_S:
+                    return
             self._room.clear()
             self._grow_pool(len(self._held) + leases)
             try:

@@ -57,10 +57,17 @@ class ChaosCluster:
         self.cluster.remove_node(node, allow_graceful=graceful)
 
     def restore(self) -> None:
-        """Back to two reader nodes (after a scenario removed one)."""
+        """Back to two reader nodes (after a scenario removed one), and wait until the
+        scheduler sees both (SPREAD right after a node joins may not place anything on it)."""
+        import ray
+
+        from ..integration.helpers import wait_until
+
         while len(self.workers) < 2:
             self.add_reader_node()
         self.cluster.wait_for_nodes()
+        wait_until(lambda: ray.available_resources().get("readers", 0) >= 199, timeout_s=30,
+                   what="both reader nodes schedulable")
 
     def node_ids(self) -> list[str]:
         return [n.node_id for n in self.workers]

@@ -50,9 +50,9 @@ SHARDS = 4
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def create_stream(endpoint: str, name: str) -> None:
+def create_stream(endpoint: str, name: str, shards: int = SHARDS) -> None:
     client = aws_client(endpoint, "kinesis")
-    client.create_stream(StreamName=name, ShardCount=SHARDS)
+    client.create_stream(StreamName=name, ShardCount=shards)
     client.get_waiter("stream_exists").wait(StreamName=name, WaiterConfig={"Delay": 0.2, "MaxAttempts": 100})
 
 
@@ -64,13 +64,13 @@ class InClusterRun:
     def __init__(self, endpoint: str, name: str, *, lease_s: float, renew_s: float, poll_s: float,
                  owner: str = "main", table: str | None = None, faults: FaultInjector | None = None,
                  with_processes: bool = False, max_leases_to_steal: int = 1, create: bool = True,
-                 publish: bool = True) -> None:
-        self.endpoint, self.name, self.owner = endpoint, name, owner
+                 publish: bool = True, shards: int = SHARDS) -> None:
+        self.endpoint, self.name, self.owner, self.shards = endpoint, name, owner, shards
         self.table = table or f"{name}-leases"
         self.lease_s, self.renew_s, self.poll_s = lease_s, renew_s, poll_s
         self.max_leases_to_steal = max_leases_to_steal
         if create:
-            create_stream(endpoint, name)
+            create_stream(endpoint, name, shards)
         broker = KinesisBroker(endpoint=endpoint, region="us-east-1", test_credentials=True,
                                lease_store=DynamoLeaseStore(self.table, create_if_missing=True), owner_id=owner,
                                lease_duration_s=lease_s, renew_interval_s=renew_s)
@@ -103,7 +103,7 @@ class InClusterRun:
 
         def ok() -> bool:
             rows = self.rows.refresh()
-            return len({d.shard_id for d in rows if d.t > after}) == SHARDS
+            return len({d.shard_id for d in rows if d.t > after}) == self.shards
         wait_until(ok, timeout_s=timeout_s, interval_s=0.1, what="records from every shard")
 
     def shards_delivering_after(self, t: float, shards: list[str], timeout_s: float = 60.0) -> None:
@@ -182,6 +182,14 @@ class InClusterRun:
         return last - self.sampler.period_s
 
 
+def reopened_delivering(run: InClusterRun, shards: list[str], t: float, timeout_s: float = 60.0) -> dict[str, float]:
+    """Seconds from ``t`` until each shard delivered again (the old consumers of those shards
+    have stopped: their leases were lost, so any delivery after ``t`` is a new consumer's)."""
+    run.shards_delivering_after(t, shards, timeout_s=timeout_s)
+    rows = run.rows.refresh()
+    return {s: round(min(d.t for d in rows if d.shard_id == s and d.t > t + 0.05) - t, 3) for s in shards}
+
+
 def replacement_recovery(verdict: Verdict, replaced: dict[str, float]) -> None:
     """Recovery = each shard's NEW reader delivering (see ``InClusterRun.replacements``); the
     checker's first-delivery figure is kept as ``first_delivery_after_fault_s`` (an old reader
@@ -228,10 +236,13 @@ def test_1_sigkill_shard_readers_every_few_seconds(chaos_cluster: Any, emulator:
             if recovered:
                 shard = recovered[i % len(recovered)]
                 i += 1
+                pid = readers[shard]["pid"]
+                held = sorted(sid for sid, r in readers.items() if r["pid"] == pid)  # a reader holds several
                 t = time.time()
-                sigkill(readers[shard]["pid"], "ray::ShardReader")
-                kills.append((t, [shard]))
-                last_kill[shard] = t
+                sigkill(pid, "ray::ShardReader")
+                kills.append((t, held))
+                for sid in held:
+                    last_kill[sid] = t
             time.sleep(3.0)  # the fault schedule: one SIGKILL every 3 s
         run.shards_delivering_after(kills[-1][0], kills[-1][1])
         stats = run.sub.stats()
@@ -263,7 +274,7 @@ def test_2_remove_the_node_with_half_the_readers(chaos_cluster: Any, emulator: A
             by_node.setdefault(r["node_id"], []).append(sid)
         victim = max(chaos_cluster.workers, key=lambda n: len(by_node.get(n.node_id, [])))
         affected = sorted(by_node[victim.node_id])
-        assert len(affected) == SHARDS // 2, f"SPREAD placed readers {by_node}"
+        assert len(affected) == SHARDS // 2, f"SPREAD placed readers and packed leases evenly: {by_node}"
         old = {s: readers[s]["pid"] for s in affected}
         survivors = [n.node_id for n in chaos_cluster.workers if n is not victim]
         t = time.time()
@@ -284,11 +295,11 @@ def test_2_remove_the_node_with_half_the_readers(chaos_cluster: Any, emulator: A
                                       for s in affected if s in moved),
                readers_replaced=stats["readers_replaced"], coordinator_restarts=run.sub.coordinator_restarts,
                lease_duration_s=run.lease_s, renew_interval_s=run.renew_s)
-        # A reader on a SIGKILLed node outlives the kill (0.4-2.3 s measured); 2 batches were
-        # redelivered on one shard in 2 of the first 3 runs that counted batches. Cause not
-        # confirmed (a guess: the orphan's sink call loses its reply, is retried, and its
-        # next batch then misses the checkpoint). Graceful removal keeps the SPEC bound of one.
-        assert_ok(verdict, {s: 1 if graceful else 2 for s in affected})
+        # SPEC invariant 10: at most the one unacknowledged batch per affected shard. (Two were
+        # seen here once, when a lease poll re-took a shard whose replacement reader was still
+        # starting and started a second one; a shard now has one entry in the Coordinator
+        # from its take until its reader reports how it ended.)
+        assert_ok(verdict, {s: 1 for s in affected})
         assert owners == {run.owner}, f"the shards changed owner: {owners}"
         assert all(moved[s]["node_id"] in survivors for s in affected), f"replacements not on a survivor: {moved}"
         assert margin > 0, f"the replacements delivered {-margin:.2f} s after the lease could have expired"
@@ -519,10 +530,9 @@ def test_5_a_zombie_resumed_after_sigstop_writes_nothing(chaos_cluster: Any, emu
                        what="the other instance holding every shard")
             t_cont = time.time()
             signal_tree(zombie.proc.pid, signal.SIGCONT)
-            wait_until(lambda: gone(old_readers), timeout_s=30, what="the zombie's readers to stop")
-            t_gone = time.time()
-            # keep sampling a little while after the zombie woke: its writes would show now
-            wait_until(lambda: time.time() > t_gone + 2 * renew_s, timeout_s=10)
+            # keep sampling and logging a while after the zombie woke: its calls and writes would
+            # show now (its reader processes stay, idle, in its pool: its consumers must stop)
+            wait_until(lambda: time.time() > t_cont + 3 * renew_s, timeout_s=10)
             published = publisher.stop()
             wait_all_delivered(publisher, lambda: {d.n for d in rows()}, timeout_s=60)
             verdict = check("5_zombie_sigstop", published, rows(), fault_at=t_stop, affected=zombie_shards)
@@ -538,7 +548,6 @@ def test_5_a_zombie_resumed_after_sigstop_writes_nothing(chaos_cluster: Any, emu
                       if r.get(s, (None,))[0] == "zombie"]
         backwards = checkpoints_monotonic(sampler.checkpoints())
         record(chaos_results, verdict, stopped_s=round(t_cont - t_stop, 2),
-               zombie_readers_gone_after_resume_s=round(t_gone - t_cont, 3),
                zombie_reader_calls_after_resume=sorted(f"{c.service}.{c.operation}" for c in reader_calls),
                zombie_reader_last_call_after_resume_s=round(last_call_s, 3),
                zombie_acks_after_resume_of_batches_sent_before_the_pause=len(zombie_after),
@@ -554,7 +563,6 @@ def test_5_a_zombie_resumed_after_sigstop_writes_nothing(chaos_cluster: Any, emu
         assert not owner_back, f"the zombie wrote its owner back: {owner_back[:3]}"
         assert not backwards, f"a checkpoint moved backwards: {backwards[:3]}"
         assert last_call_s <= renew_s, f"the zombie's readers still called AWS {last_call_s:.2f} s after resuming"
-        assert t_gone - t_cont <= lease_s, f"the zombie's reader processes took {t_gone - t_cont:.2f} s to exit"
     finally:
         publisher.stop()
         for inst in (zombie, other):
@@ -574,15 +582,15 @@ def test_6_downstream_stalls_for_three_leases_then_is_slow(chaos_cluster: Any, e
         # A rival instance on the same table that would take any lease that lapsed.
         rival = InClusterRun(emulator.endpoint, name, lease_s=3.0, renew_s=1.0, poll_s=1.0, owner="rival",
                              table=run.table, create=False, publish=False, max_leases_to_steal=0).open()
-        pids = sorted(r["pid"] for r in run.reader_map().values())
-        assert len(pids) == SHARDS
-        rss_before = rss_mib(pids) / SHARDS
+        pids = sorted({r["pid"] for r in run.reader_map().values()})  # reader processes (several shards each)
+        assert len(pids) == 2, f"the pool of a 4-shard stream is 2 readers: {pids}"
+        rss_before = rss_mib(pids) / len(pids)
         stall_s, slow_s = 3 * run.lease_s, 10.0
         t = time.time()
         ray.get(run.sink.stall.remote(t + stall_s, 0.3, slow_s))
         rss_peak = rss_before
         while time.time() < t + stall_s + slow_s:
-            rss_peak = max(rss_peak, rss_mib(pids) / SHARDS)
+            rss_peak = max(rss_peak, rss_mib(pids) / len(pids))
             time.sleep(0.5)  # memory sampling period
         run.shards_delivering_after(t + stall_s, sorted(run.reader_map()))
         stats = run.sub.stats()
@@ -590,7 +598,7 @@ def test_6_downstream_stalls_for_three_leases_then_is_slow(chaos_cluster: Any, e
         verdict = run.finish("6_downstream_stall", fault_at=t + stall_s)  # recovery: from the downstream resuming
         during = [(ts, rows_, p) for ts, rows_, p in run.sampler.samples if t <= ts <= t + stall_s + slow_s]
         bad_owner = [(ts, s, r[0]) for ts, rows_, _ in during for s, r in rows_.items() if r[0] != run.owner]
-        bad_readers = [(ts, len(p or [])) for ts, _, p in during if sorted(p or []) != pids]
+        bad_readers = [(ts, len(p or [])) for ts, _, p in during if not set(pids) <= set(p or [])]  # rival readers too
         renew_gaps = []
         for shard in sorted(during[0][1]):
             changes = [ts for (ts, r, _), (_, prev, _) in zip(during[1:], during) if r[shard][1] != prev[shard][1]]
@@ -606,10 +614,10 @@ def test_6_downstream_stalls_for_three_leases_then_is_slow(chaos_cluster: Any, e
         assert_ok(verdict, {})  # a slow downstream is not a failure: nothing may be delivered twice
         assert len(during) > 50
         assert not bad_owner, f"shards changed owner during the stall: {bad_owner[:3]}"
-        assert not bad_readers, f"not exactly one reader per shard: {bad_readers[:3]}"
+        assert not bad_readers, f"the reader processes changed: {bad_readers[:3]}"
         assert max(renew_gaps) < run.lease_s, f"a lease went {max(renew_gaps):.2f} s without renewal"
         assert stats["leases_lost"] == 0 and stats["readers_replaced"] == 0 and not rival_rows
-        # backpressure: one unacknowledged batch per reader (SPEC invariant 8), so memory is flat
+        # backpressure: one unacknowledged batch per shard (SPEC invariant 8), so memory is flat
         assert in_flight_max <= SHARDS, f"{in_flight_max} batches were unacknowledged at once"
         assert rss_peak - rss_before < 64, f"reader memory grew {rss_peak - rss_before:.0f} MiB during the stall"
     finally:
@@ -634,7 +642,7 @@ def test_7_lease_table_unreachable_for_longer_than_a_lease(chaos_cluster: Any, e
         before_back = run.sampler.read()
         t_back = time.time()
         faults.clear()
-        replaced, _ = run.replacements(old, t_back)
+        reopened = reopened_delivering(run, sorted(old), t_back)
         retaken = wait_until(
             lambda: run.sampler.first_time(lambda r: all(r[s][1] > before_back[s][1] for s in before_back), after=t_back),
             timeout_s=30, what="every shard re-taken")
@@ -643,14 +651,16 @@ def test_7_lease_table_unreachable_for_longer_than_a_lease(chaos_cluster: Any, e
         verdict = run.finish("7_lease_table_unreachable", fault_at=t_back)
         rows = run.rows.rows
         last_in_outage = max((d.t for d in rows if t < d.t < t_back), default=t)
-        old_calls = [c for c in faults.calls() if c.pid in old.values() and c.time > t]
+        # calls of the old consumers: their processes during the outage (after it, the re-opened
+        # consumers may run in the same reader processes)
+        old_calls = [c for c in faults.calls() if c.pid in old.values() and t < c.time < t_back]
         last_old_call = max((c.time for c in old_calls), default=t)
         last_old_read = max((c.time for c in old_calls if c.service == "kinesis"), default=t)
         record(chaos_results, verdict, outage_s=outage_s, last_delivery_after_outage_start_s=round(last_in_outage - t, 3),
                old_readers_last_call_after_outage_start_s=round(last_old_call - t, 3),
                old_readers_last_kinesis_call_after_outage_start_s=round(last_old_read - t, 3),
                old_reader_calls_in_outage=len(old_calls), leases_lost=stats["leases_lost"],
-               retaken_after_return_s=round(retaken - t_back, 3), new_readers_delivering_s=replaced,
+               retaken_after_return_s=round(retaken - t_back, 3), reopened_delivering_s=reopened,
                subscription_error=repr(error) if error else None, lease_duration_s=run.lease_s,
                lease_poll_interval_s=run.poll_s)
         assert_ok(verdict)
@@ -664,4 +674,44 @@ def test_7_lease_table_unreachable_for_longer_than_a_lease(chaos_cluster: Any, e
         assert retaken - t_back <= run.poll_s + 1.0, f"shards re-taken {retaken - t_back:.2f} s after the table returned"
     finally:
         faults.clear()
+        run.close()
+
+
+# ------------------------------------------------------------------------- 8. a reader holding several shards
+def test_8_sigkill_a_reader_holding_several_shards(chaos_cluster: Any, emulator: Any, unique: str,
+                                                   chaos_results: dict[str, Any]) -> None:
+    """8 shards on a pool of 2 readers (4 leases each, the default packing): SIGKILL one. Its
+    Coordinator re-takes the 4 leases under the same owner and opens them on the live
+    reader at once: no lease expiry (10 s leases) and no actor start on the path."""
+    shards = 8
+    run = InClusterRun(emulator.endpoint, f"chaos8-{unique}", lease_s=10.0, renew_s=3.0, poll_s=2.0, shards=shards)
+    try:
+        run.open().flowing()
+        readers = wait_until(lambda: run.reader_map_if(lambda m: len(m) == shards), timeout_s=30,
+                             what="a reader for every shard")
+        by_pid: dict[int, list[str]] = {}
+        for sid, r in readers.items():
+            by_pid.setdefault(r["pid"], []).append(sid)
+        assert len(by_pid) == 2 and all(len(v) == 4 for v in by_pid.values()), f"packing: {by_pid}"
+        victim = max(by_pid, key=lambda pid: len(by_pid[pid]))
+        affected = sorted(by_pid[victim])
+        before = {r["pid"] for r in readers.values()}
+        t = time.time()
+        sigkill(victim, "ray::ShardReader")
+        replaced, old_gone_s = run.replacements({s: victim for s in affected}, t)
+        moved = run.reader_map()
+        stats = run.sub.stats()
+        verdict = run.finish("8_sigkill_reader_with_several_shards", fault_at=t, affected=affected)
+        replacement_recovery(verdict, replaced)
+        new_pids = {moved[s]["pid"] for s in affected if s in moved}
+        record(chaos_results, verdict, shards=shards, shards_on_victim=len(affected),
+               replacement_delivering_s=replaced, old_reader_exited_after_s=old_gone_s,
+               rehomed_onto_existing_reader=new_pids <= before, shards_rehomed=stats["shards_rehomed"],
+               readers_replaced=stats["readers_replaced"], lease_duration_s=run.lease_s)
+        assert_ok(verdict, {s: 1 for s in affected})  # 0 lost, at most one redelivered batch per shard
+        assert new_pids <= before - {victim}, f"re-homed onto a new process {new_pids}: an actor start on the path"
+        assert stats["shards_rehomed"] >= len(affected) and stats["readers_replaced"] >= 1
+        assert max(replaced.values()) < run.lease_s, "recovered long before the leases could have lapsed"
+        assert {o for s in affected for ts, o in run.sampler.owners_over_time(s) if ts >= t - 1} == {run.owner}
+    finally:
         run.close()

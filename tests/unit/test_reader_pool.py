@@ -44,6 +44,7 @@ class Instance:
         self.readers: list[LocalReader] = []
         self.adds: collections.Counter[str] = collections.Counter()
         self.start_delay_s = start_delay_s
+        self.start_delays: list[float] = []  # per reader, in launch order (then start_delay_s)
         self.fail_starts = fail_starts
         kinesis_ = kinesis
 
@@ -65,10 +66,11 @@ class Instance:
             if self.fail_starts > 0:
                 self.fail_starts -= 1
                 raise RuntimeError("the actor could not be created")
+            delay = self.start_delays.pop(0) if self.start_delays else self.start_delay_s
             reader = LocalReader(CountingCore(store=rows.peer(), deliver=record, kinesis=kinesis_,
                                               max_buffered_bytes=max_buffered_bytes,
                                               io=ReaderIo(kinesis_threads=4, store_threads=4)),
-                                 start_delay_s=self.start_delay_s)
+                                 start_delay_s=delay)
             self.readers.append(reader)
             return reader
 
@@ -281,6 +283,18 @@ def test_the_first_pass_waits_for_slow_readers_within_its_deadline() -> None:
         assert time.monotonic() - t0 >= 0.8, "it waited for the readers"
         assert sorted(inst.core.held()) == sorted(kinesis.shards)
         await until(lambda: len(inst.seen()) == 18, 5, "every record")
+        await inst.core.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_first_pass_spreads_the_leases_over_every_reader_it_started() -> None:
+    async def scenario() -> None:
+        kinesis, rows = FakeKinesis(4), InProcessLeaseStore()
+        inst = Instance(kinesis, rows, cap=64)
+        inst.start_delays = [0.05, 0.6]  # the second reader is slower to start
+        await inst.core.start(10)
+        assert sorted(len(r.core.shard_ids()) for r in inst.readers) == [2, 2], "2 + 2, not 4 + 0"
         await inst.core.close()
 
     asyncio.run(scenario())
