@@ -503,11 +503,15 @@ class CoordinatorCore:
         """Follow one reader: apply what its consumers report; re-home its leases if it dies."""
         handle = reader.handle
         assert handle is not None
+        unreachable = 0
         while not self._closing:
             try:
                 events = await asyncio.wait_for(handle.events(_EVENTS_POLL_S), _EVENTS_POLL_S + self._call_timeout_s)
             except ReaderUnreachable:
-                await asyncio.sleep(min(1.0, self.renew_interval_s))
+                # Ray says "maybe back" first while it learns whether the process died: ask
+                # again soon (a dead reader's leases wait for the answer), then less often.
+                unreachable += 1
+                await asyncio.sleep(min(1.0, 0.05 * 2 ** (unreachable - 1), self.renew_interval_s))
                 continue
             except ReaderGone as e:
                 if not self._closing:
@@ -519,6 +523,7 @@ class CoordinatorCore:
                 log.info("reader %d: events call failed (%r); retrying", reader.id, e)
                 await asyncio.sleep(min(1.0, self.renew_interval_s))
                 continue
+            unreachable = 0
             for event in events:
                 await self._apply(reader, event)
 
