@@ -122,9 +122,11 @@ def _raw_drain(endpoint: str, stream: str, shard_ids: list[str], per_shard: int)
     return n, time.perf_counter() - t0
 
 
-def _probe_update_item(endpoint: str, threads: int, seconds: float, rows: int = 1000) -> float:
+def _probe_update_item(endpoint: str, threads: int, seconds: float, rows: int = 1000,
+                       emulator_pid: int | None = None) -> tuple[float, float | None]:
     """The most conditional UpdateItems per second plain boto3 gets from this emulator: ``threads``
-    threads, each updating its own rows with a condition on an owner and a counter (as a lease renewal)."""
+    threads, each updating its own rows with a condition on an owner and a counter (as a lease
+    renewal). Returns (UpdateItems per second, the emulator's CPU share meanwhile)."""
     import boto3
     from botocore.config import Config
 
@@ -156,13 +158,16 @@ def _probe_update_item(endpoint: str, threads: int, seconds: float, rows: int = 
             counter[i] += 1
             counts[j] += 1
 
+    emu = psutil_mod().Process(emulator_pid) if emulator_pid else None
+    c0 = sum(emu.cpu_times()[:2]) if emu else 0.0
     t0 = time.monotonic()
     ts = [threading.Thread(target=work, args=(j,)) for j in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    return sum(counts) / (time.monotonic() - t0)
+    wall = time.monotonic() - t0
+    return sum(counts) / wall, (sum(emu.cpu_times()[:2]) - c0) / wall if emu else None
 
 
 # ----------------------------------------------------------------------------- one run
@@ -181,7 +186,8 @@ def _one(ctx: Any, n: int, *, cap: int | None = None, dynamo: tuple[float, float
     per_shard = p["scale_per_shard_1000"] if n >= 1000 else p["scale_per_shard"]
     size = p["scale_record_bytes"]
     timeout_s = p["scale_timeout_s"]
-    out: dict[str, Any] = {"n": n, "cap": cap, "dynamo": dynamo, "per_shard": per_shard}
+    out: dict[str, Any] = {"n": n, "cap": cap, "dynamo": dynamo, "per_shard": per_shard,
+                           "probe_threads": p["scale_probe_threads"]}
     emu = Emulator().start()
     sub = conn = sink = None
     try:
@@ -196,7 +202,8 @@ def _one(ctx: Any, n: int, *, cap: int | None = None, dynamo: tuple[float, float
         published, fill_s = _fill(emu.endpoint, stream, shards, per_shard, size)
         out.update(published=published, create_and_fill_s=time.perf_counter() - t)
         if probe:
-            out["probe_update_item_per_s"] = _probe_update_item(emu.endpoint, p["scale_probe_threads"], p["scale_probe_s"])
+            out["probe_update_item_per_s"], out["probe_emulator_cpu_share"] = _probe_update_item(
+                emu.endpoint, p["scale_probe_threads"], p["scale_probe_s"], emulator_pid=emu.pid)
         out["raw_records"], out["raw_drain_s"] = _raw_drain(emu.endpoint, stream, [s["ShardId"] for s in shards], per_shard)
 
         kwargs: dict[str, Any] = {}
@@ -358,6 +365,10 @@ def _add_run(res: Results, r: dict[str, Any], idle_uss: float | None, goals: boo
                  f"{read['cores_busy']:.2f} of 2 cores busy, load {read['load1']:.2f}; requests/s {_ops(read['by_op'])}")
 
 
+def _probe_threads(r: dict[str, Any]) -> str:
+    return str(r.get("probe_threads", "?"))
+
+
 def _add_dynamo(res: Results, r: dict[str, Any], default: dict[str, Any] | None) -> None:
     lab, n = _label(r), r["n"]
     if _failed(res, r):
@@ -390,8 +401,9 @@ def _add_dynamo(res: Results, r: dict[str, Any], default: dict[str, Any] | None)
                 anchor_value=float(n) if phase == "idle" else None)
     res.add("scale", f"{lab}_renewals_needed_per_s", needed, "req/s", anchor="raw conditional UpdateItem max",
             anchor_value=r.get("probe_update_item_per_s"),
-            note="leases / renew_interval_s; the anchor: a plain boto3 client's conditional UpdateItems per second "
-                 "on a fresh emulator (the probe)")
+            note=f"leases / renew_interval_s; the anchor: a plain boto3 client's conditional UpdateItems per second "
+                 f"on this run's fresh emulator before the subscription ({_probe_threads(r)} threads; the emulator "
+                 f"meanwhile at {r.get('probe_emulator_cpu_share') or 0:.2f} cores)")
 
 
 def run(ctx: Any, res: Results) -> None:
