@@ -49,7 +49,8 @@ __all__ = [
     "__version__",
 ]
 
-_LAZY = {"read_kinesis": ".data", "DatasetSink": ".dataset_sink"}  # Ray Data is imported on first use, not by `import kinesis_actors`
+# Ray Data is imported on first use, not by `import kinesis_actors`
+_LAZY = {"read_kinesis": ".data", "DatasetSink": ".dataset_sink"}
 
 
 def __getattr__(name: str) -> object:

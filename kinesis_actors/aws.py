@@ -50,7 +50,7 @@ class AwsSettings:
     max_attempts: int = 3
     faults: Any = dataclasses.field(default=None, compare=False, repr=False)
 
-    def merged_over(self, base: "AwsSettings") -> "AwsSettings":
+    def merged_over(self, base: AwsSettings) -> AwsSettings:
         """Return these settings with every unset field (None/False) taken from ``base``."""
         changes: dict[str, Any] = {}
         for name in ("endpoint", "region", "credentials", "profile"):

@@ -81,8 +81,10 @@ class KinesisBroker:
         self.lease_duration_s = positive_duration("lease_duration_s", lease_duration_s)
         self.renew_interval_s = positive_duration("renew_interval_s", renew_interval_s)
         if self.renew_interval_s >= self.lease_duration_s:
-            raise InvalidError(f"renew_interval_s ({renew_interval_s}) must be shorter than lease_duration_s ({lease_duration_s})")
-        if lease_store is not None and not all(hasattr(lease_store, m) for m in ("take", "renew", "checkpoint", "list")):
+            raise InvalidError(f"renew_interval_s ({renew_interval_s}) must be shorter than "
+                               f"lease_duration_s ({lease_duration_s})")
+        if lease_store is not None and not all(hasattr(lease_store, m)
+                                               for m in ("take", "renew", "checkpoint", "list")):
             raise InvalidError(f"lease_store must be a LeaseStore, got {lease_store!r}")
         self._aws = AwsSettings(endpoint=endpoint, region=region, test_credentials=bool(test_credentials),
                                 credentials=_credentials, profile=_profile)
@@ -92,7 +94,7 @@ class KinesisBroker:
         self._state_extra: dict[str, Any] = {}
 
     @classmethod
-    def from_session(cls, session: Any, **kwargs: Any) -> "KinesisBroker":
+    def from_session(cls, session: Any, **kwargs: Any) -> KinesisBroker:
         """A broker that takes a ``boto3.Session`` as it is (its credentials, region and profile).
 
         The session's credentials are frozen now (``get_frozen_credentials``) so they can
@@ -118,7 +120,7 @@ class KinesisBroker:
         """The lease store in use (built by ``connect()`` unless given)."""
         return self._state_extra.get("store", self._lease_store)
 
-    def connect(self) -> "KinesisBroker":
+    def connect(self) -> KinesisBroker:
         """Build the settings, the lease store and the owner id; start Ray if it is not running.
 
         Idempotent: a second call returns the same connection. Credentials are fetched
@@ -158,12 +160,12 @@ class KinesisBroker:
             log.info("connected: owner id %s, lease store %r", self.owner_id, store)
         return self
 
-    def __copy__(self) -> "KinesisBroker":
+    def __copy__(self) -> KinesisBroker:
         clone = object.__new__(type(self))
         clone.__dict__.update(self.__dict__)  # shares _state and _state_extra: one connection
         return clone
 
-    def __enter__(self) -> "KinesisBroker":
+    def __enter__(self) -> KinesisBroker:
         return self.connect()
 
     def __exit__(self, *exc: Any) -> None:
@@ -202,11 +204,11 @@ class KinesisBroker:
         """
         return Publisher(stream, self._state)
 
-    def seek_handle(self, stream: str) -> "SeekHandle":
+    def seek_handle(self, stream: str) -> SeekHandle:
         """A :class:`SeekHandle` for ``stream``. Raises InvalidError for a malformed name."""
         return SeekHandle(validate_stream_name(stream), self._state)
 
-    def subscribe(self, stream: KinesisStream, sink: Any = None, *, start_timeout_s: float = 120.0) -> "Subscription":
+    def subscribe(self, stream: KinesisStream, sink: Any = None, *, start_timeout_s: float = 120.0) -> Subscription:
         """Open a subscription: validate, ``DescribeStreamSummary`` (or ``CreateStream`` and wait
         up to 60 s), then the Coordinator's first pass. Returns once every shard leased by the
         first pass holds its first iterator, so with ``LATEST`` a record published after this
@@ -425,7 +427,8 @@ class Subscription:
     # ------------------------------------------------------------------ pull mode
     def _require_pull(self) -> Any:
         if self._queue is None:
-            raise InvalidError("next_batch/ack/iteration are for pull mode (sink=None); this subscription pushes to a sink")
+            raise InvalidError("next_batch/ack/iteration are for pull mode (sink=None); "
+                               "this subscription pushes to a sink")
         return self._queue
 
     def next_batch(self, timeout_s: float = 5.0) -> list[Record]:
@@ -595,7 +598,7 @@ class Subscription:
             if state.subscriptions.get(self.stream.name) is self:
                 del state.subscriptions[self.stream.name]
 
-    def __enter__(self) -> "Subscription":
+    def __enter__(self) -> Subscription:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

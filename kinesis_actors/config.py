@@ -46,6 +46,11 @@ def positive_duration(what: str, value: object) -> float:
     return float(value)
 
 
+def _non_negative_int(what: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidError(f"{what} must be an int >= 0, got {value!r}")
+
+
 def _positive_int(what: str, value: object, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -137,17 +142,16 @@ class KinesisStream:
         positive_duration("idle_wait_s", self.idle_wait_s)
         positive_duration("max_idle_wait_s", self.max_idle_wait_s)
         if self.max_idle_wait_s < self.idle_wait_s:
-            raise InvalidError(f"max_idle_wait_s ({self.max_idle_wait_s}) must be at least idle_wait_s ({self.idle_wait_s})")
+            raise InvalidError(f"max_idle_wait_s ({self.max_idle_wait_s}) must be at least "
+                               f"idle_wait_s ({self.idle_wait_s})")
         _positive_int("max_shards_per_reader", self.max_shards_per_reader)
         _positive_int("max_buffered_bytes", self.max_buffered_bytes)
         _positive_int("max_leases", self.max_leases, allow_none=True)
-        if isinstance(self.max_leases_to_steal, bool) or not isinstance(self.max_leases_to_steal, int) or self.max_leases_to_steal < 0:
-            raise InvalidError(f"max_leases_to_steal must be an int >= 0, got {self.max_leases_to_steal!r}")
+        _non_negative_int("max_leases_to_steal", self.max_leases_to_steal)
         _positive_int("max_records", self.max_records)
         if self.max_records > 10_000:
             raise InvalidError(f"max_records must be at most 10000 (the GetRecords limit), got {self.max_records}")
-        if isinstance(self.max_sink_retries, bool) or not isinstance(self.max_sink_retries, int) or self.max_sink_retries < 0:
-            raise InvalidError(f"max_sink_retries must be an int >= 0, got {self.max_sink_retries!r}")
+        _non_negative_int("max_sink_retries", self.max_sink_retries)
         if not isinstance(self.sink_method, str) or not self.sink_method.isidentifier():
             raise InvalidError(f"sink_method must be a method name, got {self.sink_method!r}")
         for what in ("reader_options", "coordinator_options"):

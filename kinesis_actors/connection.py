@@ -36,7 +36,7 @@ class ConnectionState:
         self._clients: dict[str, Any] = {}
 
     @classmethod
-    def detached(cls, aws: AwsSettings) -> "ConnectionState":
+    def detached(cls, aws: AwsSettings) -> ConnectionState:
         """A connected state for another process (a Ray task or actor) built from settings only."""
         state = cls()
         state.aws = aws

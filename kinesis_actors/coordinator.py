@@ -69,7 +69,7 @@ from typing import Any, Protocol, TypeVar
 from .aws import AwsSettings
 from .balancing import BalancePlan, ShardState, plan_leases
 from .config import KinesisStream
-from .errors import KinesisError, LeaseLostError, StartError
+from .errors import KinesisError, StartError
 from .kinesis import ShardInfo, describe_stream, list_shards
 from .leases.protocol import Lease, LeaseStore
 from .metrics import coordinator_tick
@@ -637,7 +637,7 @@ class CoordinatorCore:
         if not arn or created is None:
             return None
         seconds = created.timestamp() if hasattr(created, "timestamp") else float(created)
-        return (arn, int(round(seconds * 1000)))
+        return (arn, round(seconds * 1000))
 
     def _this_incarnation(self, rows: dict[str, Lease]) -> dict[str, Lease]:
         """The rows without those of another incarnation of the stream (as if absent)."""

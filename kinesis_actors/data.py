@@ -44,6 +44,7 @@ __all__ = ["read_kinesis", "KinesisDatasource", "RECORD_SCHEMA", "records_to_tab
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_RECORDS_PER_BLOCK = 10_000
+_TRIM_HORIZON = StartAt.trim_horizon()  # the default start_at (StartAt is immutable)
 _GET_RECORDS_LIMIT = 10_000
 _MAX_THROTTLE_RETRIES = 20
 
@@ -165,11 +166,13 @@ class KinesisDatasource(_import_datasource_base()):  # type: ignore[misc]
                                "use StartAt.trim_horizon() or StartAt.at_timestamp(...)")
         if start_at.needs_shard:
             raise InvalidError(f"start_at {start_at} names one shard's sequence number; read_kinesis reads every shard")
-        if isinstance(max_records_per_block, bool) or not isinstance(max_records_per_block, int) or max_records_per_block <= 0:
+        if (isinstance(max_records_per_block, bool) or not isinstance(max_records_per_block, int)
+                or max_records_per_block <= 0):
             raise InvalidError(f"max_records_per_block must be a positive int, got {max_records_per_block!r}")
         now_s = time.time()
         bound_s = now_s if end_at is None else min(now_s, _epoch_s("end_at", end_at))
-        if start_at.kind == "AT_TIMESTAMP" and start_at.timestamp_ms is not None and start_at.timestamp_ms / 1000.0 > bound_s:
+        starts_ms = start_at.timestamp_ms if start_at.kind == "AT_TIMESTAMP" else None
+        if starts_ms is not None and starts_ms / 1000.0 > bound_s:
             raise InvalidError(f"start_at {start_at} is after the end of the read "
                                f"({_dt.datetime.fromtimestamp(bound_s, _dt.timezone.utc).isoformat()})")
         self.start_at = start_at
@@ -212,7 +215,7 @@ class KinesisDatasource(_import_datasource_base()):  # type: ignore[misc]
 def read_kinesis(
     stream: str,
     *,
-    start_at: StartAt = StartAt.trim_horizon(),
+    start_at: StartAt = _TRIM_HORIZON,
     end_at: _dt.datetime | float | None = None,
     endpoint: str | None = None,
     region: str | None = None,

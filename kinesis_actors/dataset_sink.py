@@ -283,7 +283,8 @@ class DatasetSink:
                  actor_options: Mapping[str, Any] | None = None) -> None:
         if not callable(fn):
             raise InvalidError(f"fn must be callable (fn(ds)), got {fn!r}")
-        if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not math.isfinite(window_s) or window_s <= 0:
+        if (isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not math.isfinite(window_s)
+                or window_s <= 0):
             raise InvalidError(f"window_s must be a finite number of seconds > 0, got {window_s!r}")
         for what, value in (("window_records", window_records), ("window_bytes", window_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -358,7 +359,7 @@ class DatasetSink:
                 pass
         return self.final_stats
 
-    def __enter__(self) -> "DatasetSink":
+    def __enter__(self) -> DatasetSink:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -161,6 +161,8 @@ def is_throttling(exc: BaseException) -> bool:
     """True for throttling, service-side transient errors and network errors (retry with backoff)."""
     from botocore.exceptions import (  # local import: keeps `import kinesis_actors` light
         ConnectionError as BotoConnectionError,
+    )
+    from botocore.exceptions import (
         HTTPClientError,
         ReadTimeoutError,
     )

@@ -326,7 +326,7 @@ class FlightAggregate:
         """Count many events; returns how many were new."""
         return sum(1 for event in events if self.add(event))
 
-    def merge(self, other: "FlightAggregate") -> "FlightAggregate":
+    def merge(self, other: FlightAggregate) -> FlightAggregate:
         """Fold ``other`` into this aggregate (in place) and return self.
 
         Events both have seen are counted once and add to ``duplicates``; the two

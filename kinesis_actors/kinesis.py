@@ -52,7 +52,7 @@ class ShardInfo:
         return self.ending_sequence_number is not None
 
     @classmethod
-    def from_api(cls, shard: dict[str, Any]) -> "ShardInfo":
+    def from_api(cls, shard: dict[str, Any]) -> ShardInfo:
         """Build from one element of ``ListShards``'s ``Shards``."""
         parents = tuple(p for p in (shard.get("ParentShardId"), shard.get("AdjacentParentShardId")) if p)
         seq = shard.get("SequenceNumberRange", {})
@@ -158,10 +158,10 @@ def list_shards(client: Any, stream: str, *, deadline_s: float = 30.0) -> list[S
         if not token:
             break
         try:
-            response = call_with_retry(lambda: client.list_shards(NextToken=token), operation="ListShards",
-                                       resource=stream, deadline_s=deadline_s)
+            response = call_with_retry(lambda token=token: client.list_shards(NextToken=token),
+                                       operation="ListShards", resource=stream, deadline_s=deadline_s)
         except Exception:
-            response = call_with_retry(lambda: client.list_shards(StreamName=stream, NextToken=token),
+            response = call_with_retry(lambda token=token: client.list_shards(StreamName=stream, NextToken=token),
                                        operation="ListShards", resource=stream, deadline_s=deadline_s)
     return sorted(shards, key=lambda s: s.shard_id)
 

@@ -37,7 +37,8 @@ class PutResult:
 
 def _entry(item: Sequence[Any]) -> dict[str, Any]:
     if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
-        raise InvalidError(f"put_many items are (data, partition_key) or (data, partition_key, explicit_hash_key), got {item!r:.80}")
+        raise InvalidError("put_many items are (data, partition_key) or (data, partition_key, explicit_hash_key), "
+                           f"got {item!r:.80}")
     data, key = item[0], item[1]
     ehk = item[2] if len(item) == 3 else None
     if isinstance(data, str):
@@ -139,7 +140,8 @@ class Publisher:
             self._put_chunk(client, entries, chunk, results)
         return results  # type: ignore[return-value]
 
-    def _put_chunk(self, client: Any, entries: list[dict[str, Any]], pending: list[int], results: list[PutResult | None]) -> None:
+    def _put_chunk(self, client: Any, entries: list[dict[str, Any]], pending: list[int],
+                   results: list[PutResult | None]) -> None:
         attempt = 0
         while pending:
             attempt += 1

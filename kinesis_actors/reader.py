@@ -324,7 +324,8 @@ class ByteBudget:
 
     def try_reserve(self) -> bool:
         """Reserve room for one fetch if the rule above admits it; True if it did."""
-        if self.used + self.reserved + self.max_response <= self.limit or (self.reserved == 0 and self.used < self.limit):
+        room = self.used + self.reserved + self.max_response <= self.limit
+        if room or (self.reserved == 0 and self.used < self.limit):
             self.reserved += self.max_response
             return True
         return False
@@ -546,8 +547,11 @@ class ShardConsumer:
         start = position
         if position is None:  # a first open: record where, resolved once
             start = spec.start_at
-            recorded = StartAt("AT_TIMESTAMP", timestamp_ms=int(time.time() * 1000)) if start.kind == "LATEST" else start
-            await self._write("set_start_position", lambda lease: self._store.set_start_position(lease, recorded.to_str()))
+            recorded = start
+            if start.kind == "LATEST":
+                recorded = StartAt("AT_TIMESTAMP", timestamp_ms=int(time.time() * 1000))
+            at = recorded.to_str()
+            await self._write("set_start_position", lambda lease: self._store.set_start_position(lease, at))
             position = recorded
         assert start is not None
         # Opens at `start` (LATEST itself on a first open); an iterator that expires before
@@ -874,7 +878,8 @@ class ShardConsumer:
                         log.warning("shard %s: batch of %d sent to the dead-letter stream after %d failures",
                                     self.spec.shard_id, len(batch), attempt)
                         return
-                    raise SinkError(f"the sink refused a batch of shard {self.spec.shard_id} {attempt} times: {e!r:.300}") from e
+                    raise SinkError(f"the sink refused a batch of shard {self.spec.shard_id} {attempt} times: "
+                                    f"{e!r:.300}") from e
                 pause = min(10.0, 0.1 * 2 ** (attempt - 1))
                 log.info("shard %s: sink failed (%r); retry %d in %.1f s", self.spec.shard_id, e, attempt, pause)
                 await self._sleep_alive(pause)  # a failing downstream keeps the lease, like a slow one

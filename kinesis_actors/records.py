@@ -113,17 +113,17 @@ class StartAt:
                 raise InvalidError(f"{self.kind} needs a decimal sequence number string, got {s!r}")
 
     @classmethod
-    def latest(cls) -> "StartAt":
+    def latest(cls) -> StartAt:
         """Just after the newest record when the shard is opened (resolved once, then recorded)."""
         return cls("LATEST")
 
     @classmethod
-    def trim_horizon(cls) -> "StartAt":
+    def trim_horizon(cls) -> StartAt:
         """The oldest record still within the stream's retention."""
         return cls("TRIM_HORIZON")
 
     @classmethod
-    def at_timestamp(cls, when: _dt.datetime | float | int) -> "StartAt":
+    def at_timestamp(cls, when: _dt.datetime | float | int) -> StartAt:
         """The first record that arrived at or after ``when``.
 
         Args:
@@ -141,12 +141,12 @@ class StartAt:
         raise InvalidError(f"at_timestamp needs a datetime or epoch seconds, got {when!r}")
 
     @classmethod
-    def at_sequence_number(cls, sequence_number: str) -> "StartAt":
+    def at_sequence_number(cls, sequence_number: str) -> StartAt:
         """The record with this sequence number, then the ones after it (needs a shard id)."""
         return cls("AT_SEQUENCE_NUMBER", sequence_number=sequence_number)
 
     @classmethod
-    def after_sequence_number(cls, sequence_number: str, sub_sequence_number: int | None = None) -> "StartAt":
+    def after_sequence_number(cls, sequence_number: str, sub_sequence_number: int | None = None) -> StartAt:
         """The records after this sequence number (needs a shard id). This is how checkpoints resume."""
         return cls("AFTER_SEQUENCE_NUMBER", sequence_number=sequence_number, sub_sequence_number=sub_sequence_number)
 
@@ -176,7 +176,7 @@ class StartAt:
         return self.kind
 
     @classmethod
-    def parse(cls, text: str) -> "StartAt":
+    def parse(cls, text: str) -> StartAt:
         """Inverse of :meth:`to_str`. Raises InvalidError on anything else."""
         kind, _, rest = str(text).partition(":")
         if kind == "AT_TIMESTAMP":
@@ -201,7 +201,7 @@ def _deaggregate(data: bytes) -> list[tuple[bytes, int | None, int | None]] | No
     if len(data) <= len(KPL_MAGIC) + _KPL_DIGEST or not data.startswith(KPL_MAGIC):
         return None
     body, digest = data[len(KPL_MAGIC) : -_KPL_DIGEST], data[-_KPL_DIGEST:]
-    if hashlib.md5(body).digest() != digest:  # noqa: S324 - KPL's format uses MD5 as a checksum
+    if hashlib.md5(body).digest() != digest:
         log.warning("KPL aggregate with a bad checksum: delivered as one plain record")
         return None
     return body  # type: ignore[return-value]

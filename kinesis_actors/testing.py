@@ -295,7 +295,7 @@ class FaultInjector:
     directory: str
 
     @classmethod
-    def create(cls, directory: Any) -> "FaultInjector":
+    def create(cls, directory: Any) -> FaultInjector:
         """An injector in ``directory`` (created if missing) with no rules and an empty call log."""
         path = os.fspath(directory)
         os.makedirs(path, exist_ok=True)

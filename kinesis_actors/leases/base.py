@@ -153,7 +153,7 @@ def _duration_ms(duration_s: object, what: str = "duration_s") -> int:
         raise InvalidError(f"{what} must be a positive number of seconds, got {duration_s!r}")
     if not math.isfinite(duration_s) or duration_s <= 0:
         raise InvalidError(f"{what} must be a positive finite number of seconds, got {duration_s!r}")
-    return max(1, int(round(duration_s * 1000)))
+    return max(1, round(duration_s * 1000))
 
 
 def _validate_lease(lease: object, operation: str) -> Lease:
@@ -222,7 +222,7 @@ class BaseLeaseStore:
         *,
         clock: Callable[[], float] | None = None,
         wall_clock: Callable[[], float] | None = None,
-    ) -> "BaseLeaseStore":
+    ) -> BaseLeaseStore:
         """Another store over the same rows that has seen nothing yet (what a second host has).
 
         Args:
@@ -393,9 +393,9 @@ class BaseLeaseStore:
         self._note(row)
         current_owner = row.get(OWNER)
         counter = int(row[COUNTER])
-        if current_owner is not None and current_owner != owner:
-            if not self._expired(key, counter, int(row.get(DURATION_MS, 0))):
-                return None
+        if current_owner is not None and current_owner != owner and not self._expired(
+                key, counter, int(row.get(DURATION_MS, 0))):
+            return None
         fields: Row = {
             OWNER: owner,
             COUNTER: counter + 1,
@@ -657,7 +657,8 @@ class BaseLeaseStore:
         _validate_lease(lease, "hand_over")
         receiver = to if to is not None else lease.next_owner
         if not isinstance(receiver, str) or not receiver.strip() or receiver == lease.owner:
-            raise InvalidError(f"hand_over of {lease.key!r} needs a receiver other than {lease.owner!r}, got {receiver!r}")
+            raise InvalidError(f"hand_over of {lease.key!r} needs a receiver other than {lease.owner!r}, "
+                               f"got {receiver!r}")
         duration_ms = max(1, lease.duration_ms)
         new = self._holder_write(
             lease, "hand_over", {OWNER: receiver, EXPIRY: self._wall_expiry_ms(duration_ms)}, (NEXT_OWNER,)

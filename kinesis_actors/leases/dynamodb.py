@@ -207,7 +207,7 @@ class DynamoLeaseStore(BaseLeaseStore):
     def __repr__(self) -> str:
         return f"DynamoLeaseStore(table={self._table!r}, endpoint={self.endpoint!r})"
 
-    def bind(self, aws: AwsSettings) -> "DynamoLeaseStore":
+    def bind(self, aws: AwsSettings) -> DynamoLeaseStore:
         """A copy whose settings left as None are taken from the broker's ``aws``.
 
         Explicit endpoint, region, credentials (``test_credentials``, ``session``) are

@@ -179,8 +179,9 @@ class MemoryLeaseStore(BaseLeaseStore):
 
     The actor is a named actor (not detached: ``lifetime=None``; ``num_cpus=0``) in the
     ``kinesis_actors`` namespace, created on first use with ``get_if_exists=True``
-    (starting a local Ray runtime if none is running, as any Ray call does); its name is generated once in the constructor, so every
-    pickled copy of this store, in any process, reaches the same actor. Call
+    (starting a local Ray runtime if none is running, as any Ray call does); its name is
+    generated once in the constructor, so every pickled copy of this store, in any
+    process, reaches the same actor. Call
     :meth:`open` in the driver to create it there (its owner is then the driver, not a
     short-lived worker): a Ray actor dies with the process that created it.
     :meth:`close` kills it. This class owns the actor's lifecycle; users never call
@@ -260,7 +261,7 @@ class MemoryLeaseStore(BaseLeaseStore):
                     ) from e
             return self._actor
 
-    def open(self) -> "MemoryLeaseStore":
+    def open(self) -> MemoryLeaseStore:
         """Create the table actor now (owned by the calling process) and wait until it answers.
 
         Returns:

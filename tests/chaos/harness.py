@@ -54,7 +54,7 @@ class NumberedPublisher:
         self._thread = threading.Thread(target=self._run, name=f"chaos-publisher-{stream}", daemon=True)
         self.errors = 0
 
-    def start(self) -> "NumberedPublisher":
+    def start(self) -> NumberedPublisher:
         self._thread.start()
         return self
 
@@ -206,7 +206,7 @@ class LeaseSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"chaos-sampler-{stream}", daemon=True)
 
-    def __enter__(self) -> "LeaseSampler":
+    def __enter__(self) -> LeaseSampler:
         self._thread.start()
         self.started = True
         return self

@@ -47,7 +47,7 @@ def main() -> int:
     @ray.remote(num_cpus=0)
     class FileSink:
         def __init__(self, path: str) -> None:
-            self.f = open(path, "a", buffering=1)
+            self.f = open(path, "a", buffering=1)  # noqa: SIM115 - open for the actor's life, closed with it
 
         def process_batch(self, records: list) -> None:
             now = time.time()

@@ -90,7 +90,7 @@ class InClusterRun:
                              reader_options={"resources": {"readers": 0.01}},
                              coordinator_options={"resources": {"head": 0.01}})
 
-    def open(self) -> "InClusterRun":
+    def open(self) -> InClusterRun:
         if self.publisher is not None:
             self.publisher.start()
         self.sampler.__enter__()
@@ -343,7 +343,7 @@ def test_3b_sigkill_the_coordinator_during_its_first_pass(chaos_cluster: Any, em
     def subscribe() -> None:
         try:
             opened["sub"] = run.conn.subscribe(run.stream_config(), sink=run.sink)
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             opened["error"] = e
 
     opener = threading.Thread(target=subscribe)
@@ -594,7 +594,7 @@ def test_6_downstream_stalls_for_three_leases_then_is_slow(chaos_cluster: Any, e
             time.sleep(0.5)  # memory sampling period
         run.shards_delivering_after(t + stall_s, sorted(run.reader_map()))
         stats = run.sub.stats()
-        in_flight_now, in_flight_max = ray.get(run.sink.in_flight_figures.remote())
+        _in_flight_now, in_flight_max = ray.get(run.sink.in_flight_figures.remote())
         verdict = run.finish("6_downstream_stall", fault_at=t + stall_s)  # recovery: from the downstream resuming
         during = [(ts, rows_, p) for ts, rows_, p in run.sampler.samples if t <= ts <= t + stall_s + slow_s]
         bad_owner = [(ts, s, r[0]) for ts, rows_, _ in during for s, r in rows_.items() if r[0] != run.owner]

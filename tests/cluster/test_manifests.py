@@ -39,7 +39,7 @@ def strict(schema: Any) -> Any:
     return schema
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def crd_validator(crd_file: str, version: str) -> jsonschema.protocols.Validator:
     path = KUBERAY_SCHEMAS / crd_file
     assert path.exists(), f"the KubeRay CRD schemas are expected at {KUBERAY_SCHEMAS} (../shared from the repo root)"

@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -64,7 +63,7 @@ class Head:
                         f"--object-manager-port={om}", "--num-cpus=2", f"--temp-dir={self.temp_dir}",
                         "--disable-usage-stats"]
 
-    def start(self) -> "Head":
+    def start(self) -> Head:
         result = subprocess.run(self.command, env=self.env, timeout=180, capture_output=True, text=True)
         if result.returncode != 0:
             self.stop()
@@ -194,7 +193,7 @@ def test_job_reads_the_stream_into_parquet_and_exits(head: Head, endpoint: str, 
     status = wait_terminal(head, job_id, timeout_s=180)
     log_events = events(head, job_id)
     assert status == "SUCCEEDED", client(head).get_job_logs(job_id)[-4000:]
-    assert [e["event"] for e in log_events][0] == "started"
+    assert next(e["event"] for e in log_events) == "started"
     stopped = log_events[-1]
     assert stopped["event"] == "stopped" and stopped["reason"] == "max_records" and stopped["exit_code"] == 0
     files = written(out)

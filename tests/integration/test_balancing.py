@@ -192,7 +192,7 @@ def test_instances_join_converge_by_handoff_and_stay_put(
         broker = make_broker(table, name)
         started = time.monotonic()
         subs[name] = broker.subscribe(stream_config(stream, max_leases_to_steal=2), sink=sink)
-        wait_until(lambda: balanced(a, stream, names, n_shards, subs), timeout_s=20, interval_s=0.1,
+        wait_until(lambda names=names: balanced(a, stream, names, n_shards, subs), timeout_s=20, interval_s=0.1,
                    what=f"{'/'.join(names)} balanced")
         timings[f"join_{name}_s"] = time.monotonic() - started
 

@@ -371,10 +371,10 @@ def test_seek_rereads_and_rewrites_the_checkpoint(make_broker: Callable[..., Kin
 
 def test_from_session(endpoint: str, unique: str) -> None:
     session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
-    with KinesisBroker.from_session(session, endpoint=endpoint, **FAST) as conn:
-        with conn.subscribe(KinesisStream(f"sess-{unique}", create_if_missing=1, start_at=StartAt.trim_horizon(), **POLL)) as sub:
-            conn.publisher(f"sess-{unique}").put(b"hello", partition_key="k")
-            assert [r.data for r in drain(sub, 1)] == [b"hello"]
+    with KinesisBroker.from_session(session, endpoint=endpoint, **FAST) as conn, conn.subscribe(
+            KinesisStream(f"sess-{unique}", create_if_missing=1, start_at=StartAt.trim_horizon(), **POLL)) as sub:
+        conn.publisher(f"sess-{unique}").put(b"hello", partition_key="k")
+        assert [r.data for r in drain(sub, 1)] == [b"hello"]
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -226,7 +226,7 @@ def test_publish_and_leases_commands(endpoint: str, unique: str, tmp_path: Path)
     path = tmp_path / "events.jsonl"
     path.write_text("\n".join(lines) + "\n\n")
 
-    proc, took = run_cli("publish", "--stream", stream, "--file", str(path), "--key", "carrier",
+    proc, _took = run_cli("publish", "--stream", stream, "--file", str(path), "--key", "carrier",
                          "--endpoint", endpoint, "--no-progress", deadline_s=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert re.search(rf"^published 1203 records .* to {stream} ", proc.stdout, re.MULTILINE), proc.stdout

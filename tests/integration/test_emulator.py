@@ -455,5 +455,5 @@ def test_dynamodb_conditional_writes_are_atomic(endpoint: str) -> None:
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         for counter in range(30):
-            wins = sum(pool.map(lambda who: take(counter, who), range(8)))
+            wins = sum(pool.map(lambda who, counter=counter: take(counter, who), range(8)))
             assert wins == 1, f"round {counter}: {wins} conditional writes succeeded"

@@ -5,10 +5,10 @@ crash inside a KPL aggregate. Kinesis and DynamoDB on moto; faults on Kinesis on
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import ray
@@ -91,12 +91,12 @@ def test_throttling_half_then_all_loses_nothing_keeps_leases_and_backs_off(
     for shard in SHARDS:
         throttled = [c.time for c in faults.calls("GetRecords", shard=shard) if start + 0.3 <= c.time <= end]
         assert 1 <= len(throttled) <= 8, f"{shard}: {len(throttled)} GetRecords in 3 s at 100 % (a hot loop?)"
-        gaps = [b - a for a, b in zip(throttled, throttled[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(throttled)]
         assert all(g >= 0.18 for g in gaps), f"{shard}: retries closer than 0.2 s: {gaps}"
         # each wait is drawn from [b, 2b) and the next from [2b, 4b): they never shrink (up to the cap);
         # a loaded machine can stretch one gap, so only a fall below half the previous one counts
         # (a backoff that resets to 0.2 s after growing still fails).
-        assert all(b >= a / 2 or b >= 4.9 for a, b in zip(gaps, gaps[1:])), f"{shard}: the backoff shrank: {gaps}"
+        assert all(b >= a / 2 or b >= 4.9 for a, b in itertools.pairwise(gaps)), f"{shard}: the backoff shrank: {gaps}"
         every = [c.time for c in faults.calls("GetRecords", shard=shard)]
         assert max_calls_in_one_second(every) <= 5, f"{shard}: more than 5 GetRecords in one second"
     stats = sub.stats()

@@ -37,7 +37,7 @@ class Kinesalite:
         return f"http://127.0.0.1:{self.port}"
 
     @classmethod
-    def start(cls, *, timeout_s: float = 20.0, shard_limit: int = 1000, stream_ms: int = 50) -> "Kinesalite":
+    def start(cls, *, timeout_s: float = 20.0, shard_limit: int = 1000, stream_ms: int = 50) -> Kinesalite:
         node = shutil.which("node")
         if node is None:
             raise KinesaliteUnavailable("node is not installed (Node.js >= 18 runs kinesalite)")

@@ -49,7 +49,7 @@ def test_a_replay_from_the_checkpoint_is_a_duplicate_not_a_gap() -> None:
 
 def test_an_unpublished_record_fails() -> None:
     pub = stream()
-    v = check("invented", pub, deliver(pub) + [Delivered(999, "shardId-0", "99", 300.0)])
+    v = check("invented", pub, [*deliver(pub), Delivered(999, "shardId-0", "99", 300.0)])
     assert not v.ok and v.unexpected == 1
 
 
@@ -77,7 +77,7 @@ def test_checkpoint_moving_backwards_is_reported() -> None:
 
 def test_several_faults_each_get_their_recovery() -> None:
     pub = stream()
-    dl = deliver(pub, t0=10.0) + [Delivered(0, "shardId-0", "1", 21.0), Delivered(5, "shardId-1", "1", 32.5)]
+    dl = [*deliver(pub, t0=10.0), Delivered(0, "shardId-0", "1", 21.0), Delivered(5, "shardId-1", "1", 32.5)]
     v = check("kills", pub, dl, faults=[(20.0, ["shardId-0"]), (30.0, ["shardId-1"])])
     assert v.recovery_by_shard_s == {"shardId-0@0": 1.0, "shardId-1@1": 2.5} and v.recovery_s == 2.5
 

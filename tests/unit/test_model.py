@@ -8,8 +8,16 @@ import pickle
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from kinesis_actors import (InvalidError, KinesisBroker, KinesisStream, LeaseLostError, LeaseStoreError, SinkError,
-                            StartAt, StreamError)
+from kinesis_actors import (
+    InvalidError,
+    KinesisBroker,
+    KinesisStream,
+    LeaseLostError,
+    LeaseStoreError,
+    SinkError,
+    StartAt,
+    StreamError,
+)
 from kinesis_actors.errors import KinesisError, translate_aws_error
 from kinesis_actors.publisher import MAX_REQUEST_BYTES, _chunks, _entry
 from kinesis_actors.records import records_from_response

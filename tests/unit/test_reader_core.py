@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import time
 from typing import Any
 
 import pytest
 
-from kinesis_actors import SHARD_END, LeaseLostError, SinkError, StartAt
+from kinesis_actors import SHARD_END, SinkError, StartAt
 from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer
 from kinesis_actors.testing import FakeShard, FlakyLeaseStore, InProcessLeaseStore
 
