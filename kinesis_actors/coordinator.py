@@ -322,7 +322,7 @@ class CoordinatorCore:
             await self._withdraw_handoffs()
         if release and self._presence_task is not None:
             try:
-                await self._io(self.store.remove_presence, self.stream.name, self.owner_id)  # type: ignore[attr-defined]
+                await self._io(self.store.remove_presence, self.stream.name, self.owner_id)
             except Exception as e:
                 log.info("%s: could not delete the presence row (%r); it will go stale", self.stream.name, e)
         self._held.clear()
@@ -361,7 +361,7 @@ class CoordinatorCore:
         for shard_id in sorted(self._handoffs):
             try:
                 for _ in range(3):
-                    if await self._io(store.withdraw_handoff, stream, shard_id, owner=me):  # type: ignore[attr-defined]
+                    if await self._io(store.withdraw_handoff, stream, shard_id, owner=me):
                         break
                     row = await self._io(store.get, stream, shard_id)
                     if row is not None and row.owner == me:
@@ -377,7 +377,7 @@ class CoordinatorCore:
         """Heartbeat this instance's presence row every ``renew_interval_s`` (it lasts one lease duration)."""
         while not self._closing:
             try:
-                await self._io(self.store.heartbeat, self.stream.name, self.owner_id,  # type: ignore[attr-defined]
+                await self._io(self.store.heartbeat, self.stream.name, self.owner_id,
                                duration_s=self.lease_duration_s)
             except Exception as e:
                 log.info("%s: presence heartbeat failed (%r); retrying", self.stream.name, e)
@@ -705,7 +705,7 @@ class CoordinatorCore:
             self._last_steal = now
         for shard_id, victim in plan.steal:
             row = rows[shard_id]
-            if await self._io(self.store.request_handoff, self.stream.name, shard_id,  # type: ignore[attr-defined]
+            if await self._io(self.store.request_handoff, self.stream.name, shard_id,
                               owner=self.owner_id, expect_counter=row.counter):
                 self._handoffs[shard_id] = (victim, now)
                 self.counters["handoffs_requested"] += 1
@@ -830,19 +830,19 @@ class CoordinatorCore:
                 self._handoffs.setdefault(shard_id, (row.owner, now))
         forced: list[tuple[ShardInfo, Lease]] = []
         for shard_id, (victim, since) in list(self._handoffs.items()):
-            row = rows.get(shard_id)
-            if row is None or row.finished or shard_id in self._held:
+            current = rows.get(shard_id)
+            if current is None or current.finished or shard_id in self._held:
                 self._handoffs.pop(shard_id, None)
                 continue
-            if row.owner == self.owner_id:
+            if current.owner == self.owner_id:
                 continue  # handed over: the take below opens it
-            if row.next_owner != self.owner_id or row.owner is None:
+            if current.next_owner != self.owner_id or current.owner is None:
                 self._handoffs.pop(shard_id, None)  # taken, released or asked by another since
                 continue
             if now - since < self._handoff_timeout_s or shard_id not in self._shards:
                 continue
             self._handoffs.pop(shard_id, None)
-            lease = await self._io(self.store.force_handoff, self.stream.name, shard_id,  # type: ignore[attr-defined]
+            lease = await self._io(self.store.force_handoff, self.stream.name, shard_id,
                                    owner=self.owner_id, duration_s=self.lease_duration_s)
             if lease is not None:
                 self.counters["handoffs_forced"] += 1
@@ -924,19 +924,23 @@ class _RayReaderHandle:
         await self._call("ping")
 
     async def add(self, spec: ReaderSpec, lease: Lease) -> ShardEvent:
-        return await self._call("add", spec, lease)
+        answer: ShardEvent = await self._call("add", spec, lease)
+        return answer
 
     async def events(self, timeout_s: float) -> list[ShardEvent]:
-        return await self._call("events", timeout_s)
+        answer: list[ShardEvent] = await self._call("events", timeout_s)
+        return answer
 
     async def stop(self, shard_id: str | None, release: bool, grace_s: float) -> None:
         await self._call("stop", shard_id, release, grace_s)
 
     async def seek(self, shard_id: str, position: StartAt) -> bool:
-        return await self._call("seek", shard_id, position)
+        answer: bool = await self._call("seek", shard_id, position)
+        return answer
 
     async def stats(self) -> dict[str, Any]:
-        return await self._call("stats")
+        answer: dict[str, Any] = await self._call("stats")
+        return answer
 
     def kill(self) -> None:
         import ray
@@ -952,7 +956,8 @@ def _make_ray_actor() -> Any:
 
     from .reader import ShardReader
 
-    @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000)
+    @ray.remote(num_cpus=0, max_restarts=0,  # type: ignore[call-overload]  # Ray types task options only
+                max_concurrency=1000)
     class Coordinator:
         """Ray actor shell over :class:`CoordinatorCore` (process name ``ray::Coordinator``).
 
@@ -1010,7 +1015,8 @@ def _make_ray_actor() -> Any:
 
         def reader_handles(self) -> dict[str, Any]:
             """The ShardReader actor handle of each held shard (several shards share one)."""
-            return {sid: handle.actor for sid, handle in self.core.reader_of().items()}  # type: ignore[attr-defined]
+            return {sid: handle.actor for sid, handle in self.core.reader_of().items()
+                    if isinstance(handle, _RayReaderHandle)}
 
     return Coordinator
 

@@ -12,6 +12,7 @@ recovery, throttling backoff, pacing at the tip); the subscription's read loops 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import random
 import time
@@ -99,7 +100,8 @@ def describe_stream(client: Any, stream: str, *, deadline_s: float = 30.0) -> di
         lambda: client.describe_stream_summary(StreamName=stream),
         operation="DescribeStreamSummary", resource=stream, deadline_s=deadline_s,
     )
-    return response["StreamDescriptionSummary"]
+    summary: dict[str, Any] = response["StreamDescriptionSummary"]
+    return summary
 
 
 def ensure_stream(client: Any, stream: str, *, create_shards: int | None, wait_s: float = 60.0) -> dict[str, Any]:
@@ -158,10 +160,10 @@ def list_shards(client: Any, stream: str, *, deadline_s: float = 30.0) -> list[S
         if not token:
             break
         try:
-            response = call_with_retry(lambda token=token: client.list_shards(NextToken=token),
+            response = call_with_retry(functools.partial(client.list_shards, NextToken=token),
                                        operation="ListShards", resource=stream, deadline_s=deadline_s)
         except Exception:
-            response = call_with_retry(lambda token=token: client.list_shards(StreamName=stream, NextToken=token),
+            response = call_with_retry(functools.partial(client.list_shards, StreamName=stream, NextToken=token),
                                        operation="ListShards", resource=stream, deadline_s=deadline_s)
     return sorted(shards, key=lambda s: s.shard_id)
 
@@ -187,7 +189,7 @@ def record_bytes(record: Record) -> int:
 def backoff_s(attempt: int, *, rng: Callable[[], float] = random.random) -> float:
     """Exponential backoff with jitter for the ``attempt``-th retry (1-based), seconds:
     the first wait is in [0.2, 0.4), each later one doubles, capped at 5 s."""
-    base = min(5.0, 0.2 * 2 ** (attempt - 1))
+    base = min(5.0, 0.2 * 2.0 ** (attempt - 1))
     return min(5.0, base + rng() * base)
 
 

@@ -1146,7 +1146,8 @@ class ShardReaderCore:
 def _make_ray_actor() -> Any:
     import ray
 
-    @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=4096)
+    @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0,  # type: ignore[call-overload]  # Ray types task options only
+                max_concurrency=4096)
     class ShardReader:
         """Ray actor shell over :class:`ShardReaderCore` (process name ``ray::ShardReader``).
 

@@ -48,6 +48,7 @@ between), or :meth:`BaseLeaseStore.force_handoff` when the holder did not answer
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import logging
 import math
@@ -730,7 +731,7 @@ class BaseLeaseStore:
         self._note(row)
         return row_to_lease(row)
 
-    def list(self, stream: str) -> list[Lease]:
+    def list(self, stream: str) -> builtins.list[Lease]:
         """Every shard row of ``stream`` (strongly consistent), sorted by shard id.
 
         Rows of other streams and presence rows (``"<stream>#instance#<owner>"``) are
@@ -749,14 +750,14 @@ class BaseLeaseStore:
         validate_names(stream)
         return self._shard_leases(self._scan(stream), stream)
 
-    def _shard_leases(self, rows: Iterable[Row], stream: str) -> list[Lease]:
+    def _shard_leases(self, rows: Iterable[Row], stream: str) -> builtins.list[Lease]:
         shard_rows = [row for row in rows if is_shard_row(row, stream)]
         for row in shard_rows:
             self._note(row)
         return sorted((row_to_lease(row) for row in shard_rows), key=lambda lease: lease.shard_id)
 
     # ------------------------------------------------------------------ presence (balancing)
-    def _presence(self, rows: Iterable[Row], stream: str, include_stale: bool) -> list[Instance]:
+    def _presence(self, rows: Iterable[Row], stream: str, include_stale: bool) -> builtins.list[Instance]:
         found = []
         for row in rows:
             if not is_presence_row(row, stream):
@@ -812,7 +813,7 @@ class BaseLeaseStore:
             counter = int(row[COUNTER])
         raise LeaseStoreError(f"presence row {key!r} kept changing; heartbeat not written", retriable=True)
 
-    def instances(self, stream: str, *, include_stale: bool = False) -> list[Instance]:
+    def instances(self, stream: str, *, include_stale: bool = False) -> builtins.list[Instance]:
         """The presence rows of ``stream``: the instances reading it (consistent read).
 
         Args:

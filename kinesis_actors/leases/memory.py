@@ -138,7 +138,8 @@ class InProcessLeaseStore(BaseLeaseStore):
     def _put_new(self, item: Row) -> bool:
         return self._rows.put_new(item)
 
-    def _update(self, key, expect_owner, expect_counter, set_fields, remove_fields=(), *, check_owner=True):
+    def _update(self, key: str, expect_owner: str | None, expect_counter: int, set_fields: Mapping[str, Any],
+                remove_fields: Iterable[str] = (), *, check_owner: bool = True) -> Row | None:
         return self._rows.update(key, expect_owner, expect_counter, set_fields, tuple(remove_fields), check_owner)
 
     def _delete(self, key: str) -> None:
@@ -326,18 +327,22 @@ class MemoryLeaseStore(BaseLeaseStore):
 
     # ------------------------------------------------------------------ primitives
     def _read(self, key: str) -> Row | None:
-        return self._call("read", key)
+        row: Row | None = self._call("read", key)
+        return row
 
     def _scan(self, stream: str) -> list[Row]:
-        return self._call("scan", stream)
+        rows: list[Row] = self._call("scan", stream)
+        return rows
 
     def _put_new(self, item: Row) -> bool:
-        return self._call("put_new", item)
+        return bool(self._call("put_new", item))
 
-    def _update(self, key, expect_owner, expect_counter, set_fields, remove_fields=(), *, check_owner=True):
-        return self._call(
+    def _update(self, key: str, expect_owner: str | None, expect_counter: int, set_fields: Mapping[str, Any],
+                remove_fields: Iterable[str] = (), *, check_owner: bool = True) -> Row | None:
+        row: Row | None = self._call(
             "update", key, expect_owner, expect_counter, dict(set_fields), tuple(remove_fields), check_owner
         )
+        return row
 
     def _delete(self, key: str) -> None:
         self._call("delete", key)

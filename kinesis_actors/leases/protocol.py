@@ -38,6 +38,7 @@ the same for the row's ``lease_duration_ms``.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import re
 from typing import Protocol, runtime_checkable
@@ -207,7 +208,7 @@ class LeaseStore(Protocol):
         """The shard's row (consistent read), or None."""
         ...
 
-    def list(self, stream: str) -> list[Lease]:
+    def list(self, stream: str) -> builtins.list[Lease]:
         """Every shard row of ``stream`` (consistent read), sorted by shard id."""
         ...
 
@@ -238,7 +239,7 @@ class LeaseStore(Protocol):
         """Create or refresh ``owner``'s presence row for ``stream`` (counter +1)."""
         ...
 
-    def instances(self, stream: str, *, include_stale: bool = False) -> list[Instance]:
+    def instances(self, stream: str, *, include_stale: bool = False) -> builtins.list[Instance]:
         """Presence rows of ``stream`` (fresh ones only, unless ``include_stale``), sorted by owner."""
         ...
 
