@@ -200,6 +200,7 @@ class CoordinatorCore:
         self._readers: dict[int, _Reader] = {}
         self._reader_ids = itertools.count(1)
         self._background: set[asyncio.Task[Any]] = set()
+        self._starts: set[asyncio.Task[Any]] = set()  # the reader starts among them
         self._finished: set[str] = set()
         self._error: BaseException | None = None
         self._closing = False
@@ -312,8 +313,11 @@ class CoordinatorCore:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._background:  # opens under way: let them land (bounded), so they are stopped too
-            await asyncio.wait(list(self._background), timeout=grace_s)
+        for task in self._starts:  # readers still starting: not worth waiting for
+            task.cancel()
+        opening = [t for t in self._background if t not in self._starts]
+        if opening:  # opens under way: let them land (bounded), so they are stopped too
+            await asyncio.wait(opening, timeout=grace_s)
         readers = [r for r in self._readers.values() if r.handle is not None]
         await asyncio.gather(*(self._stop_reader(r, release, grace_s) for r in readers), return_exceptions=True)
         if release:
@@ -446,7 +450,9 @@ class CoordinatorCore:
         for _ in range(max(0, missing)):
             reader = _Reader(next(self._reader_ids))
             self._readers[reader.id] = reader
-            self._spawn(self._start_reader(reader), f"reader-{reader.id}")
+            task = self._spawn(self._start_reader(reader), f"reader-{reader.id}")
+            self._starts.add(task)
+            task.add_done_callback(self._starts.discard)
 
     async def _start_reader(self, reader: _Reader) -> None:
         """Create reader ``reader.id`` and wait until it answers; on failure forget it (the
@@ -454,6 +460,11 @@ class CoordinatorCore:
         try:
             reader.handle = self._launch(reader.id)
             await asyncio.wait_for(reader.handle.ping(), self._reader_start_timeout_s)
+        except asyncio.CancelledError:  # closing while it started
+            self._readers.pop(reader.id, None)
+            if reader.handle is not None:
+                reader.handle.kill()
+            raise
         except Exception as e:
             self._readers.pop(reader.id, None)
             if reader.handle is not None:

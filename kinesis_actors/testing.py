@@ -487,27 +487,44 @@ def client_error(code: str, operation: str = "GetRecords", status: int = 400) ->
 
 
 class FakeShard:
-    """One shard of :class:`FakeKinesis`: records with sequence numbers ``"1"``, ``"2"``...
+    """One shard of :class:`FakeKinesis` (also a Kinesis client for one shard on its own):
+    records with sequence numbers ``"1"``, ``"2"``...; iterators are positions.
 
     Attributes:
         records: the records as ``GetRecords`` returns them.
         closed: a closed shard: ``NextShardIterator`` is null once it is read to its end.
-        faults: AWS error codes the next ``GetRecords`` calls raise, in order.
-        iterator_faults: the same for ``GetShardIterator``.
+        faults: what the next ``GetRecords`` calls do, in order: an AWS error code to
+            raise, ``"hang"`` to block until :attr:`release` is set (at most 30 s; a call
+            stuck whatever the client's timeout says), or None to answer normally.
+        iterator_faults: AWS error codes the next ``GetShardIterator`` calls raise.
         calls: monotonic times of the ``GetRecords`` calls.
         iterator_requests: the arguments of each ``GetShardIterator``.
-        hang_s: seconds each ``GetRecords`` sleeps before answering (a slow shard).
+        hang_s: seconds every ``GetRecords`` sleeps before answering (a slow shard).
+        max_per_call: most records one response holds (AWS stops at 10 MiB), or None.
+        lag_ms: ``MillisBehindLatest`` of a response that did not reach the tip.
+        release: the event a ``"hang"`` fault waits for.
+
+    Args:
+        n: records to start with. closed: see above.
+        arrivals: epoch seconds of each starting record's ``ApproximateArrivalTimestamp``
+            (instead of ``n``; default: now).
     """
 
-    def __init__(self, n: int = 0, *, closed: bool = False) -> None:
+    def __init__(self, n: int = 0, *, closed: bool = False, arrivals: list[float] | None = None,
+                 max_per_call: int | None = None, lag_ms: int = 1000) -> None:
         self.records: list[dict[str, Any]] = []
         self.closed = closed
-        self.faults: list[str] = []
+        self.faults: list[str | None] = []
         self.iterator_faults: list[str] = []
         self.calls: list[float] = []
         self.iterator_requests: list[dict[str, Any]] = []
         self.hang_s = 0.0
+        self.max_per_call = max_per_call
+        self.lag_ms = lag_ms
+        self.release = threading.Event()
         self.add(n)
+        for when in arrivals or ():
+            self.add(1, arrival=_dt.datetime.fromtimestamp(when, _dt.timezone.utc))
 
     def add(self, n: int, data: bytes | None = None, *, arrival: _dt.datetime | None = None) -> None:
         """Append ``n`` records (payload ``data``, default ``b"r<seq>"``)."""
@@ -536,14 +553,18 @@ class FakeShard:
         self.calls.append(time.monotonic())
         if self.hang_s:
             time.sleep(self.hang_s)
-        if self.faults:
-            raise client_error(self.faults.pop(0))
+        fault = self.faults.pop(0) if self.faults else None
+        if fault == "hang":
+            self.release.wait(30)
+        elif fault is not None:
+            raise client_error(fault)
         pos = int(ShardIterator)
-        out = self.records[pos : pos + Limit]
+        limit = Limit if self.max_per_call is None else min(Limit, self.max_per_call)
+        out = self.records[pos : pos + limit]
         nxt = pos + len(out)
         end = self.closed and nxt >= len(self.records)
         return {"Records": out, "NextShardIterator": None if end else str(nxt),
-                "MillisBehindLatest": 0 if nxt >= len(self.records) else 1000}
+                "MillisBehindLatest": 0 if nxt >= len(self.records) else self.lag_ms}
 
 
 class FakeKinesis:
@@ -556,11 +577,16 @@ class FakeKinesis:
     Args:
         n_shards: shards ``shardId-000000000000`` onwards, each with ``records`` records.
         stream: the stream name ``describe_stream_summary`` reports.
+        listing: what ``ListShards`` returns instead (shard dicts as AWS gives them).
+        created: the stream's creation time, reported with its ARN.
     """
 
-    def __init__(self, n_shards: int, *, records: int = 0, stream: str = "s") -> None:
+    def __init__(self, n_shards: int = 0, *, records: int = 0, stream: str = "s",
+                 listing: list[dict[str, Any]] | None = None, created: _dt.datetime | None = None) -> None:
         self.stream = stream
         self.shards = {f"shardId-{i:012d}": FakeShard(records) for i in range(n_shards)}
+        self.listing = listing
+        self.created = created
         self.calls: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -569,14 +595,22 @@ class FakeKinesis:
             self.calls[operation] = self.calls.get(operation, 0) + 1
 
     def list_shards(self, **_: Any) -> dict[str, Any]:
+        """``listing`` as given (resharding: parents, closed shards), else one open shard per fake shard."""
         self._count("ListShards")
+        if self.listing is not None:
+            return {"Shards": self.listing}
         return {"Shards": [{"ShardId": sid, "SequenceNumberRange": {"StartingSequenceNumber": "1"}}
                            for sid in self.shards]}
 
     def describe_stream_summary(self, **_: Any) -> dict[str, Any]:
+        """With ``created``: the stream's ARN and creation time (its identity), as AWS gives them."""
         self._count("DescribeStreamSummary")
-        return {"StreamDescriptionSummary": {"StreamName": self.stream, "StreamStatus": "ACTIVE",
-                                             "OpenShardCount": len(self.shards)}}
+        summary: dict[str, Any] = {"StreamName": self.stream, "StreamStatus": "ACTIVE",
+                                   "OpenShardCount": len(self.shards)}
+        if self.created is not None:
+            summary.update(StreamARN=f"arn:aws:kinesis:us-east-1:0:stream/{self.stream}",
+                           StreamCreationTimestamp=self.created)
+        return {"StreamDescriptionSummary": summary}
 
     def get_shard_iterator(self, *, ShardId: str, **kw: Any) -> dict[str, str]:
         self._count("GetShardIterator")

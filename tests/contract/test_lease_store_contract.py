@@ -21,7 +21,7 @@ import pytest
 from kinesis_actors.aws import AwsSettings
 from kinesis_actors.errors import InvalidError, LeaseLostError, LeaseStoreError
 from kinesis_actors.leases import SHARD_END, DynamoLeaseStore, Lease, LeaseStore, MemoryLeaseStore
-from kinesis_actors.testing import FlakyLeaseStore, InProcessLeaseStore
+from kinesis_actors.testing import FakeClock, FlakyLeaseStore, InProcessLeaseStore
 
 SHARD = "shardId-000000000000"
 DURATION_S = 10.0
@@ -29,19 +29,6 @@ SEQ_56 = "49590338271490256608559692538361571095921575989136588898"
 assert len(SEQ_56) == 56
 
 KINDS = ["in_process", "memory", "dynamodb"]
-
-
-class FakeClock:
-    """A monotonic clock that only moves when told (seconds). Picklable."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 MakeStore = Callable[..., Any]

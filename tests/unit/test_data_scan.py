@@ -6,59 +6,16 @@ import datetime as dt
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
 
 from kinesis_actors.data import RECORD_SCHEMA, ShardScan, records_to_table
 from kinesis_actors.kinesis import ShardInfo
 from kinesis_actors.records import Record, StartAt
+from kinesis_actors.testing import FakeShard, client_error
 
 T0 = 1_700_000_000.0
 
 
-def _error(code: str) -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": 400}}, "GetRecords")
-
-
-class FakeKinesis:
-    """One shard: records ``(seq, arrival_s)``; iterators are positions; faults are injectable."""
-
-    def __init__(self, arrivals: list[float], *, limit: int = 5, tip_lag_ms: int = 0) -> None:
-        self.records = [(str(i + 1), a) for i, a in enumerate(arrivals)]
-        self.limit = limit
-        self.tip_lag_ms = tip_lag_ms
-        self.faults: list[str] = []
-        self.calls = 0
-        self.iterator_requests: list[dict[str, Any]] = []
-
-    def get_shard_iterator(self, **kwargs: Any) -> dict[str, Any]:
-        self.iterator_requests.append(kwargs)
-        kind = kwargs["ShardIteratorType"]
-        if kind == "TRIM_HORIZON":
-            pos = 0
-        elif kind == "AFTER_SEQUENCE_NUMBER":
-            pos = int(kwargs["StartingSequenceNumber"])
-        elif kind == "AT_SEQUENCE_NUMBER":
-            pos = int(kwargs["StartingSequenceNumber"]) - 1
-        else:
-            raise AssertionError(kind)
-        return {"ShardIterator": str(pos)}
-
-    def get_records(self, ShardIterator: str, Limit: int) -> dict[str, Any]:
-        self.calls += 1
-        if self.faults:
-            raise _error(self.faults.pop(0))
-        pos = int(ShardIterator)
-        batch = self.records[pos : pos + min(Limit, self.limit)]
-        new = pos + len(batch)
-        return {
-            "Records": [{"Data": f"d{s}".encode(), "PartitionKey": "k", "SequenceNumber": s,
-                         "ApproximateArrivalTimestamp": dt.datetime.fromtimestamp(a, dt.timezone.utc)} for s, a in batch],
-            "NextShardIterator": str(new),
-            "MillisBehindLatest": 0 if new >= len(self.records) else self.tip_lag_ms,
-        }
-
-
-def scan(kinesis: FakeKinesis, bound_s: float, **kwargs: Any) -> tuple[ShardScan, list[Any]]:
+def scan(kinesis: FakeShard, bound_s: float, **kwargs: Any) -> tuple[ShardScan, list[Any]]:
     s = ShardScan(kinesis, "s", ShardInfo("shardId-000000000000"), StartAt.trim_horizon(), bound_s,
                   sleep=lambda _s: None, **kwargs)
     return s, list(s.blocks())
@@ -69,24 +26,24 @@ def data(blocks: list[Any]) -> list[bytes]:
 
 
 def test_reads_to_the_tip_in_blocks_of_bounded_size() -> None:
-    kinesis = FakeKinesis([T0 + i for i in range(23)], limit=5, tip_lag_ms=1000)
+    kinesis = FakeShard(arrivals=[T0 + i for i in range(23)], max_per_call=5, lag_ms=1000)
     _s, blocks = scan(kinesis, T0 + 100, max_records_per_block=4)
-    assert data(blocks) == [f"d{i}".encode() for i in range(1, 24)]
+    assert data(blocks) == [f"r{i}".encode() for i in range(1, 24)]
     assert [b.num_rows for b in blocks] == [4, 4, 4, 4, 4, 3]
     assert all(b.schema.equals(RECORD_SCHEMA) for b in blocks)
     # 23 records at 5 per call, and one more call that sees the tip (empty, MillisBehindLatest 0)
-    assert kinesis.calls == 6
+    assert len(kinesis.calls) == 6
 
 
 def test_stops_at_the_first_record_after_the_bound_without_reaching_the_tip() -> None:
-    kinesis = FakeKinesis([T0 + i for i in range(100)], limit=10, tip_lag_ms=5000)
+    kinesis = FakeShard(arrivals=[T0 + i for i in range(100)], max_per_call=10, lag_ms=5000)
     _s, blocks = scan(kinesis, T0 + 14.0)
-    assert data(blocks) == [f"d{i}".encode() for i in range(1, 16)]  # arrivals T0..T0+14
-    assert kinesis.calls == 2
+    assert data(blocks) == [f"r{i}".encode() for i in range(1, 16)]  # arrivals T0..T0+14
+    assert len(kinesis.calls) == 2
 
 
 def test_empty_answers_behind_the_tip_do_not_end_the_read() -> None:
-    kinesis = FakeKinesis([T0, T0 + 1], limit=1, tip_lag_ms=100)
+    kinesis = FakeShard(arrivals=[T0, T0 + 1], max_per_call=1, lag_ms=100)
     real = kinesis.get_records
     answers = iter([{"Records": [], "NextShardIterator": "0", "MillisBehindLatest": 5000}])
 
@@ -95,11 +52,11 @@ def test_empty_answers_behind_the_tip_do_not_end_the_read() -> None:
 
     kinesis.get_records = sparse  # type: ignore[method-assign]
     _, blocks = scan(kinesis, T0 + 10)
-    assert data(blocks) == [b"d1", b"d2"]
+    assert data(blocks) == [b"r1", b"r2"]
 
 
 def test_throttling_is_retried_and_an_expired_iterator_resumes_after_the_last_record() -> None:
-    kinesis = FakeKinesis([T0 + i for i in range(12)], limit=5, tip_lag_ms=1)
+    kinesis = FakeShard(arrivals=[T0 + i for i in range(12)], max_per_call=5, lag_ms=1)
     kinesis.faults = ["ProvisionedThroughputExceededException", "ProvisionedThroughputExceededException"]
     real = kinesis.get_records
     state = {"n": 0}
@@ -107,28 +64,27 @@ def test_throttling_is_retried_and_an_expired_iterator_resumes_after_the_last_re
     def expire_once(**kw: Any) -> dict[str, Any]:
         state["n"] += 1
         if state["n"] == 4:  # after 2 throttles and one good page
-            raise _error("ExpiredIteratorException")
+            raise client_error("ExpiredIteratorException")
         return real(**kw)
 
     kinesis.get_records = expire_once  # type: ignore[method-assign]
     _, blocks = scan(kinesis, T0 + 100)
-    assert data(blocks) == [f"d{i}".encode() for i in range(1, 13)]
-    assert kinesis.iterator_requests[-1] == {"StreamName": "s", "ShardId": "shardId-000000000000",
-                                             "ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "StartingSequenceNumber": "5"}
+    assert data(blocks) == [f"r{i}".encode() for i in range(1, 13)]
+    assert kinesis.iterator_requests[-1] == {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "StartingSequenceNumber": "5"}
 
 
 def test_a_closed_shard_ends_at_its_ending_sequence_number() -> None:
-    kinesis = FakeKinesis([T0 + i for i in range(6)], limit=3, tip_lag_ms=10)
+    kinesis = FakeShard(arrivals=[T0 + i for i in range(6)], max_per_call=3, lag_ms=10)
     s = ShardScan(kinesis, "s", ShardInfo("shardId-000000000000", ending_sequence_number="6"),
                   StartAt.trim_horizon(), T0 + 100, sleep=lambda _s: None)
     assert len(data(list(s.blocks()))) == 6
-    assert kinesis.calls == 2  # no extra call once the ending sequence number was read
+    assert len(kinesis.calls) == 2  # no extra call once the ending sequence number was read
 
 
 def test_other_errors_are_translated() -> None:
     from kinesis_actors.errors import StreamError
 
-    kinesis = FakeKinesis([T0])
+    kinesis = FakeShard(arrivals=[T0])
     kinesis.faults = ["ResourceNotFoundException"]
     with pytest.raises(StreamError):
         scan(kinesis, T0 + 1)

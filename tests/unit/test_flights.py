@@ -30,7 +30,7 @@ INT_COLUMNS = [c for c in COLUMNS if c not in {"carrier", "tailnum", "origin", "
 @pytest.fixture(scope="module")
 def raw_rows() -> list[dict[str, str]]:
     """Every row of flights.csv as strings, in file order (read with the csv module)."""
-    with zipfile.ZipFile(flights.csv_path().open("rb")) as archive, archive.open("flights.csv") as fh:
+    with flights.csv_path().open("rb") as raw, zipfile.ZipFile(raw) as archive, archive.open("flights.csv") as fh:
         return list(csv.DictReader(io.TextIOWrapper(fh, encoding="utf-8")))
 
 

@@ -8,7 +8,6 @@ import asyncio
 import datetime as dt
 import hashlib
 import pickle
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,10 @@ from kinesis_actors.kinesis import list_shards
 from kinesis_actors.leases.protocol import SHARD_END
 from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer, ShardEvent
 from kinesis_actors.records import KPL_MAGIC, StartAt, records_from_response
-from kinesis_actors.testing import Fault, FaultInjector, InProcessLeaseStore
+from kinesis_actors.testing import FakeKinesis, FakeShard, Fault, FaultInjector, InProcessLeaseStore, client_error
 
 STREAM = "s"
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: an injected fault never reaches the network
-
-
-def client_error(code: str, operation: str = "GetRecords") -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": 400}}, operation)
 
 
 # ----------------------------------------------------------------------------- fault injector
@@ -137,19 +132,6 @@ def test_a_row_of_another_stream_incarnation_is_restarted_by_take() -> None:
 
 
 # ----------------------------------------------------------------------------- coordinator: resharding rules
-class FakeKinesis:
-    def __init__(self, shards: list[dict[str, Any]], created: dt.datetime) -> None:
-        self.shards, self.created = shards, created
-
-    def list_shards(self, **_: Any) -> dict[str, Any]:
-        return {"Shards": self.shards}
-
-    def describe_stream_summary(self, StreamName: str) -> dict[str, Any]:
-        return {"StreamDescriptionSummary": {"StreamName": StreamName, "StreamStatus": "ACTIVE",
-                                             "StreamARN": f"arn:aws:kinesis:us-east-1:0:stream/{StreamName}",
-                                             "StreamCreationTimestamp": self.created}}
-
-
 def shard(shard_id: str, *parents: str, closed: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"ShardId": shard_id, "SequenceNumberRange": {"StartingSequenceNumber": "1"}}
     if closed:
@@ -222,8 +204,8 @@ async def finish(launched: dict[str, tuple[FakeReader, ReaderSpec, Any]], store:
 
 def test_children_wait_for_every_listed_parent_and_open_at_trim_horizon() -> None:
     created = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
-    kinesis = FakeKinesis([shard("P", closed=True), shard("Q", closed=True), shard("C", "P", "Q"),
-                           shard("T", "gone")], created)
+    kinesis = FakeKinesis(listing=[shard("P", closed=True), shard("Q", closed=True), shard("C", "P", "Q"),
+                           shard("T", "gone")], created=created)
     store, launched = InProcessLeaseStore(), {}
     orphan = store.take(STREAM, "old", owner="x", duration_s=5)  # a row ListShards no longer lists
     store.release(store.checkpoint(orphan, "5"))
@@ -251,7 +233,7 @@ def test_children_wait_for_every_listed_parent_and_open_at_trim_horizon() -> Non
 
 def test_rows_of_another_incarnation_finish_no_parent_and_are_restarted() -> None:
     created = dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)
-    kinesis = FakeKinesis([shard("P", closed=True), shard("C", "P")], created)
+    kinesis = FakeKinesis(listing=[shard("P", closed=True), shard("C", "P")], created=created)
     store, launched = InProcessLeaseStore(), {}
     before = ("arn:aws:kinesis:us-east-1:0:stream/s", 1_000)
     for shard_id, checkpoint in (("P", SHARD_END), ("C", "4242")):
@@ -271,32 +253,7 @@ def test_rows_of_another_incarnation_finish_no_parent_and_are_restarted() -> Non
 
 
 # ----------------------------------------------------------------------------- reader: stuck, throttled
-class ScriptedShard:
-    """A fake Kinesis shard: GetRecords answers from a script (errors, blocking), else empty."""
-
-    def __init__(self) -> None:
-        self.script: list[Any] = []
-        self.iterator_requests: list[dict[str, Any]] = []
-        self.calls: list[float] = []
-        self.release = threading.Event()
-
-    def get_shard_iterator(self, **kwargs: Any) -> dict[str, str]:
-        self.iterator_requests.append(kwargs)
-        if self.script and isinstance(self.script[0], tuple) and self.script[0][0] == "GetShardIterator":
-            raise client_error(self.script.pop(0)[1], "GetShardIterator")
-        return {"ShardIterator": "it"}
-
-    def get_records(self, **_: Any) -> dict[str, Any]:
-        self.calls.append(time.monotonic())
-        step = self.script.pop(0) if self.script and not isinstance(self.script[0], tuple) else None
-        if step == "hang":
-            self.release.wait(30)  # a call stuck whatever the client's timeout says
-        elif isinstance(step, str):
-            raise client_error(step)
-        return {"Records": [], "NextShardIterator": "it", "MillisBehindLatest": 0}
-
-
-def reader(fake: ScriptedShard, store: InProcessLeaseStore, *, lease_s: float, renew_s: float,
+def reader(fake: FakeShard, store: InProcessLeaseStore, *, lease_s: float, renew_s: float,
            start_at: StartAt | None = None) -> ShardConsumer:
     lease = store.take(STREAM, "shardId-0", owner="me", duration_s=lease_s)
     spec = ReaderSpec(stream=STREAM, shard_id="shardId-0", owner_id="me", start_at=start_at or StartAt.trim_horizon(),
@@ -308,9 +265,9 @@ def reader(fake: ScriptedShard, store: InProcessLeaseStore, *, lease_s: float, r
 
 
 def test_a_stuck_get_records_stops_renewing_and_the_reader_gives_the_lease_up() -> None:
-    fake, store = ScriptedShard(), InProcessLeaseStore()
+    fake, store = FakeShard(), InProcessLeaseStore()
     core = reader(fake, store, lease_s=0.6, renew_s=0.1)
-    fake.script = [None, "hang"]
+    fake.faults = [None, "hang"]
 
     async def scenario() -> tuple[str, float]:
         await core.open()
@@ -329,9 +286,9 @@ def test_a_stuck_get_records_stops_renewing_and_the_reader_gives_the_lease_up() 
 
 
 def test_long_throttling_backoff_keeps_the_lease() -> None:
-    fake, store = ScriptedShard(), InProcessLeaseStore()
+    fake, store = FakeShard(), InProcessLeaseStore()
     core = reader(fake, store, lease_s=0.5, renew_s=0.1)
-    fake.script = ["ProvisionedThroughputExceededException"] * 4  # waits ~0.3 + 0.6 + 1.2 + 2.4 s, > the lease
+    fake.faults = ["ProvisionedThroughputExceededException"] * 4  # waits ~0.3 + 0.6 + 1.2 + 2.4 s, > the lease
 
     async def scenario() -> None:
         await core.open()
@@ -349,18 +306,18 @@ def test_long_throttling_backoff_keeps_the_lease() -> None:
 
 
 def test_throttled_get_shard_iterator_is_retried_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake, store = ScriptedShard(), InProcessLeaseStore()
+    fake, store = FakeShard(), InProcessLeaseStore()
     core = reader(fake, store, lease_s=2.0, renew_s=0.5)
     monkeypatch.setattr(kinesis_module, "backoff_s", lambda attempt, rng=None: 0.01)
-    fake.script = [("GetShardIterator", "LimitExceededException")] * 12
+    fake.iterator_faults = ["LimitExceededException"] * 12
     asyncio.run(core.open())
     assert len(fake.iterator_requests) == 13 and core.stats["throttles"] == 12
 
 
 def test_expired_iterator_before_any_ack_after_latest_reopens_at_the_recorded_timestamp() -> None:
-    fake, store = ScriptedShard(), InProcessLeaseStore()
+    fake, store = FakeShard(), InProcessLeaseStore()
     core = reader(fake, store, lease_s=2.0, renew_s=0.5, start_at=StartAt.latest())
-    fake.script = ["ExpiredIteratorException"]
+    fake.faults = ["ExpiredIteratorException"]
 
     async def scenario() -> None:
         await core.open()
@@ -373,7 +330,7 @@ def test_expired_iterator_before_any_ack_after_latest_reopens_at_the_recorded_ti
     asyncio.run(asyncio.wait_for(scenario(), 10))
     recorded = StartAt.parse(store.get(STREAM, "shardId-0").start_position)
     assert fake.iterator_requests[0]["ShardIteratorType"] == "LATEST"
-    assert fake.iterator_requests[1] == {"StreamName": STREAM, "ShardId": "shardId-0", **recorded.iterator_args()}
+    assert fake.iterator_requests[1] == recorded.iterator_args()
 
 
 @pytest.mark.parametrize("lease_s", [0.3, 1.0, 2.0, 10.0, 60.0])

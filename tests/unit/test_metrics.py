@@ -13,7 +13,7 @@ import pytest
 
 from kinesis_actors import StartAt, metrics
 from kinesis_actors.reader import ReaderSpec, ShardConsumer
-from kinesis_actors.testing import InProcessLeaseStore
+from kinesis_actors.testing import FakeShard, InProcessLeaseStore
 
 STREAM, SHARD = "s", "shardId-000000000000"
 
@@ -123,21 +123,6 @@ def test_without_ray_nothing_is_exported_but_stats_get_the_age() -> None:
     assert stats["checkpoint_age_s"] >= 0
 
 
-class OneShard:
-    def __init__(self, n: int) -> None:
-        now = dt.datetime.now(dt.timezone.utc)
-        self.records = [{"Data": f"r{i}".encode(), "PartitionKey": "k", "SequenceNumber": str(i),
-                         "ApproximateArrivalTimestamp": now} for i in range(1, n + 1)]
-
-    def get_shard_iterator(self, **kw: Any) -> dict[str, str]:
-        return {"ShardIterator": "0"}
-
-    def get_records(self, *, ShardIterator: str, Limit: int) -> dict[str, Any]:
-        pos = int(ShardIterator)
-        out = self.records[pos : pos + Limit]
-        return {"Records": out, "NextShardIterator": str(pos + len(out)), "MillisBehindLatest": 0}
-
-
 def test_the_reader_calls_the_hook_and_stats_carry_the_exported_figures(sink: RecordingSink) -> None:
     store = InProcessLeaseStore()
     lease = store.take(STREAM, SHARD, owner="me", duration_s=2.0)
@@ -148,7 +133,7 @@ def test_the_reader_calls_the_hook_and_stats_carry_the_exported_figures(sink: Re
     async def deliver(records: list[Any]) -> None:
         delivered.extend(records)
 
-    reader = ShardConsumer(spec, lease, store, deliver, OneShard(30))
+    reader = ShardConsumer(spec, lease, store, deliver, FakeShard(30))
 
     async def main() -> None:
         await reader.open()
@@ -185,25 +170,12 @@ def test_the_coordinator_calls_the_hook_on_each_lease_poll(sink: RecordingSink, 
 
 
 def test_checkpoint_lag_from_a_lease_row() -> None:
-    arrived = dt.datetime.fromtimestamp(1_000.0, dt.timezone.utc)
-
-    class Kinesis:
-        def __init__(self, records: list[Any], behind: int) -> None:
-            self.records, self.behind = records, behind
-            self.asked: list[Any] = []
-
-        def get_shard_iterator(self, **kw: Any) -> dict[str, str]:
-            self.asked.append(kw)
-            return {"ShardIterator": "it"}
-
-        def get_records(self, **kw: Any) -> dict[str, Any]:
-            return {"Records": self.records, "MillisBehindLatest": self.behind}
-
-    behind = Kinesis([{"ApproximateArrivalTimestamp": arrived}], 0)
+    behind = FakeShard(41)
+    behind.add(1, arrival=dt.datetime.fromtimestamp(1_000.0, dt.timezone.utc))  # the first record after "41"
     assert metrics.checkpoint_lag_ms(behind, "s", SHARD, "41", now_s=1_002.5) == 2500
-    assert behind.asked[0]["ShardIteratorType"] == "AFTER_SEQUENCE_NUMBER" and behind.asked[0]["StartingSequenceNumber"] == "41"
-    assert metrics.checkpoint_lag_ms(Kinesis([], 0), "s", SHARD, "41") == 0
-    fresh = Kinesis([], 700)
+    assert behind.iterator_requests[0] == {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "StartingSequenceNumber": "41"}
+    assert metrics.checkpoint_lag_ms(FakeShard(41), "s", SHARD, "41") == 0, "nothing after the checkpoint"
+    fresh = FakeShard(1, max_per_call=0, lag_ms=700)  # an empty answer behind the tip, as AWS gives them
     assert metrics.checkpoint_lag_ms(fresh, "s", SHARD, None) == 700
-    assert fresh.asked[0]["ShardIteratorType"] == "TRIM_HORIZON"
+    assert fresh.iterator_requests[0]["ShardIteratorType"] == "TRIM_HORIZON"
     assert metrics.checkpoint_lag_ms(fresh, "s", SHARD, "SHARD_END") is None
