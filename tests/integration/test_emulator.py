@@ -366,6 +366,7 @@ def test_child_dies_with_its_parent(tmp_path: Any) -> None:
     finally:
         owner.kill()
         owner.wait(10)
+        owner.stdout.close()  # type: ignore[union-attr]
     _wait_until(lambda: _process_gone(child_pid), 15, f"emulator pid {child_pid} to exit after its parent died")
 
 
