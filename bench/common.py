@@ -233,9 +233,10 @@ def cpu_delta(before: dict[int, tuple[float, float, str]], after: dict[int, tupl
     for pid, (created, cpu, title) in after.items():
         b = before.get(pid)
         base = b[1] if b is not None and abs(b[0] - created) < 1e-3 else 0.0
-        key = title.split(".")[0].split(" ")[0] or "?"
-        if "/" in key:
-            key = os.path.basename(key)
+        if title.startswith("ray::"):
+            key = title.split(".")[0].split(" ")[0]  # ray::ShardReader.events -> ray::ShardReader
+        else:
+            key = os.path.basename(title.split(" ")[0]) or "?"  # /x/.venv/bin/python -> python
         out[key] = out.get(key, 0.0) + max(0.0, cpu - base)
     return out
 

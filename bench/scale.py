@@ -46,34 +46,42 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .common import REGION, Results, client, list_shards, median, pool_pids, psutil_mod, uss_of_pids
+from .common import (REGION, Results, client, cpu_delta, cpu_snapshot, list_shards, pool_pids, psutil_mod, ray_tree,
+                     uss_of_pids)
 
 GIB_MIB = 1024.0
 
 
 # ----------------------------------------------------------------------------- measuring helpers
 class _Meter:
-    """Emulator requests, emulator CPU and machine CPU between two points in time."""
+    """Emulator requests, emulator CPU, our Ray runtime's CPU by process title and machine CPU
+    between two points in time."""
 
-    def __init__(self, emu: Any) -> None:
+    def __init__(self, emu: Any, exclude: list[int]) -> None:
         self.emu = emu
         self.psutil = psutil_mod()
         self.proc = self.psutil.Process(emu.pid)
+        self.exclude = [pid for pid in exclude if pid]
 
     def mark(self) -> dict[str, Any]:
         t = self.psutil.cpu_times()
         busy = sum(t) - t.idle - getattr(t, "iowait", 0.0)
         c = self.proc.cpu_times()
-        return {"t": time.time(), "requests": self.emu.requests(), "emu_cpu": c.user + c.system, "busy": busy}
+        ours = cpu_snapshot([self.psutil.Process(), *ray_tree(self.exclude)])
+        return {"t": time.time(), "requests": self.emu.requests(), "emu_cpu": c.user + c.system, "busy": busy,
+                "ours": ours}
 
     @staticmethod
     def delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         wall = max(1e-9, b["t"] - a["t"])
         ops = set(a["requests"]) | set(b["requests"])
         by_op = {op: (b["requests"].get(op, 0) - a["requests"].get(op, 0)) / wall for op in ops}
+        ours = {k: v / wall for k, v in cpu_delta(a.get("ours", {}), b.get("ours", {})).items()}
+        emu_share, cores_busy = (b["emu_cpu"] - a["emu_cpu"]) / wall, (b["busy"] - a["busy"]) / wall
         return {"wall_s": wall, "by_op": {k: v for k, v in by_op.items() if v > 0}, "total": sum(by_op.values()),
-                "emu_share": (b["emu_cpu"] - a["emu_cpu"]) / wall, "cores_busy": (b["busy"] - a["busy"]) / wall,
-                "load1": os.getloadavg()[0]}
+                "emu_share": emu_share, "cores_busy": cores_busy, "load1": os.getloadavg()[0],
+                "ours": ours, "ours_share": sum(ours.values()),
+                "rest_share": max(0.0, cores_busy - emu_share - sum(ours.values()))}
 
 
 def _fill(endpoint: str, stream: str, shards: list[dict[str, Any]], per_shard: int, size: int) -> tuple[int, float]:
@@ -218,7 +226,7 @@ def _one(ctx: Any, n: int, *, cap: int | None = None, dynamo: tuple[float, float
         cfg = KinesisStream(stream, start_at=StartAt.trim_horizon(),
                             **({} if cap is None else {"max_shards_per_reader": cap}))
         out["max_shards_per_reader"] = cfg.max_shards_per_reader
-        meter = _Meter(emu)
+        meter = _Meter(emu, [ctx.emulator_pid, emu.pid])
         m0 = meter.mark()
         t0 = time.time()
         try:
@@ -252,6 +260,10 @@ def _one(ctx: Any, n: int, *, cap: int | None = None, dynamo: tuple[float, float
         stats = sub.stats()
         prog = ray.get(sink.progress.remote())
         readers_after, _ = pool_pids(stats)
+        if dynamo is not None:  # the lease-table read the Coordinator does every lease_poll_interval_s
+            t = time.perf_counter()
+            rows = conn.lease_store.list(stream)
+            out["lease_list_s"], out["lease_rows"] = time.perf_counter() - t, len(rows)
         out.update(leases_lost=stats["leases_lost"], readers_replaced=stats["readers_replaced"],
                    distinct=prog["distinct"], deliveries=prog["deliveries"], leases_held_end=stats["leases_held"],
                    uss_readers_after_idle_mib=sum(uss_of_pids(readers_after).values()),
@@ -311,7 +323,15 @@ def _failed(res: Results, r: dict[str, Any]) -> bool:
 
 
 def _ops(rates: dict[str, float]) -> str:
-    return ", ".join(f"{k} {v:.0f}" for k, v in sorted(rates.items(), key=lambda kv: -kv[1]) if v >= 0.5)
+    return ", ".join(f"{k} {v:.3g}" for k, v in sorted(rates.items(), key=lambda kv: -kv[1]) if v >= 0.05)
+
+
+def _cpu(m: dict[str, Any]) -> str:
+    """Where the CPU went over a window, in cores: emulator, our Ray processes by title, the rest of the machine."""
+    top = sorted(m["ours"].items(), key=lambda kv: -kv[1])
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in top if v >= 0.01)
+    return (f"cores: emulator {m['emu_share']:.2f}, our Ray processes {m['ours_share']:.2f} ({parts}), rest of the "
+            f"machine {m['rest_share']:.2f}; {m['cores_busy']:.2f} of 2 busy, load {m['load1']:.2f}")
 
 
 def _add_run(res: Results, r: dict[str, Any], idle_uss: float | None, goals: bool) -> None:
@@ -337,7 +357,8 @@ def _add_run(res: Results, r: dict[str, Any], idle_uss: float | None, goals: boo
     lost_goal = dict(goal="0", check=lambda v: v == 0) if goals and n >= 1000 else {}
     res.add("scale", f"{lab}_leases_lost", r["leases_lost"], "leases",
             note=f"stats() after the idle window; readers replaced {r['readers_replaced']}, leases held "
-                 f"{r['leases_held_end']} of {n}", **lost_goal)
+                 f"{r['leases_held_end']} of {n}; Kinesis call-limit cuts (renewals slow) {r['call_limit_cuts']}",
+            **lost_goal)
     res.add("scale", f"{lab}_processes", r["readers"] + 1, "processes", anchor="shards", anchor_value=n,
             note=f"the Coordinator + {r['readers']} ShardReaders holding {'+'.join(map(str, r['layout']))} shards")
     uss_goal = dict(goal="<= 1 GiB", check=lambda v: v <= GIB_MIB) if goals and n == 256 else {}
@@ -358,11 +379,15 @@ def _add_run(res: Results, r: dict[str, Any], idle_uss: float | None, goals: boo
     res.add("scale", f"{lab}_idle_requests_per_s", idle["total"], "req/s", note=f"by operation: {_ops(idle['by_op'])}")
     res.add("scale", f"{lab}_idle_requests_per_s_per_shard", idle["total"] / n, "req/s")
     res.add("scale", f"{lab}_idle_emulator_cpu_share", idle["emu_share"], "cores",
-            note=f"emulator process CPU s / wall s while idle; machine: {idle['cores_busy']:.2f} of 2 cores busy, "
-                 f"load {idle['load1']:.2f}")
+            note=f"emulator process CPU s / wall s while idle; {_cpu(idle)}")
+    res.add("scale", f"{lab}_idle_ray_cpu_share", idle["ours_share"], "cores", anchor="emulator",
+            anchor_value=idle["emu_share"], note="this driver and its Ray processes (readers, Coordinator, lease-store "
+                                                 "actor, sink, raylet, gcs) while idle, CPU s / wall s")
     res.add("scale", f"{lab}_read_emulator_cpu_share", read["emu_share"], "cores",
-            note=f"the same from the subscribe() call to the last delivery ({read['wall_s']:.1f} s); machine "
-                 f"{read['cores_busy']:.2f} of 2 cores busy, load {read['load1']:.2f}; requests/s {_ops(read['by_op'])}")
+            note=f"the same from the subscribe() call to the last delivery ({read['wall_s']:.1f} s); {_cpu(read)}; "
+                 f"requests/s {_ops(read['by_op'])}")
+    res.add("scale", f"{lab}_read_ray_cpu_share", read["ours_share"], "cores", anchor="emulator",
+            anchor_value=read["emu_share"])
 
 
 def _probe_threads(r: dict[str, Any]) -> str:
@@ -394,11 +419,15 @@ def _add_dynamo(res: Results, r: dict[str, Any], default: dict[str, Any] | None)
         res.add("scale", f"{lab}_{phase}_update_item_per_s", m["by_op"].get("UpdateItem", 0.0), "req/s",
                 anchor="raw conditional UpdateItem max", anchor_value=r.get("probe_update_item_per_s"),
                 note=f"{phase}: renewals needed {needed:.0f}/s ({n} leases / {renew:g} s); all requests/s "
-                     f"{_ops(m['by_op'])}; emulator {m['emu_share']:.2f} cores, machine {m['cores_busy']:.2f} of 2 busy, "
-                     f"load {m['load1']:.2f}")
+                     f"{_ops(m['by_op'])}; {_cpu(m)}")
         res.add("scale", f"{lab}_{phase}_get_records_per_s", m["by_op"].get("GetRecords", 0.0), "req/s",
                 anchor="shards x 1/max_idle_wait_s" if phase == "idle" else None,
                 anchor_value=float(n) if phase == "idle" else None)
+    if "lease_list_s" in r:
+        res.add("scale", f"{lab}_lease_table_read_s", r["lease_list_s"], "s", anchor="lease_poll_interval_s",
+                anchor_value=2.0, note=f"one DynamoLeaseStore.list() of the {r['lease_rows']} rows from the driver after "
+                                       "the idle window (consistent Scan pages): what every lease poll of the "
+                                       "Coordinator costs the emulator")
     res.add("scale", f"{lab}_renewals_needed_per_s", needed, "req/s", anchor="raw conditional UpdateItem max",
             anchor_value=r.get("probe_update_item_per_s"),
             note=f"leases / renew_interval_s; the anchor: a plain boto3 client's conditional UpdateItems per second "

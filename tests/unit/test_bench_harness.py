@@ -64,3 +64,9 @@ def test_scale_meter_delta_rates() -> None:
     d = _Meter.delta(a, b)
     assert d["wall_s"] == 10.0 and d["by_op"] == {"GetRecords": 10.0, "Scan": 0.4}  # ops that did not move are left out
     assert abs(d["total"] - 10.4) < 1e-9 and d["emu_share"] == 0.5 and d["cores_busy"] == 1.0
+    assert d["ours_share"] == 0 and d["rest_share"] == 0.5
+    # our processes by title: a reader that existed before, one that started in the window
+    a["ours"] = {7: (1.0, 2.0, "ray::ShardReader")}
+    b["ours"] = {7: (1.0, 3.0, "ray::ShardReader"), 8: (105.0, 1.0, "ray::ShardReader"), 9: (1.0, 0.0, "raylet")}
+    d = _Meter.delta(a, b)
+    assert d["ours"] == {"ray::ShardReader": 0.2, "raylet": 0.0} and abs(d["rest_share"] - 0.3) < 1e-9
