@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 # Ray Data is imported on first use, not by `import kinesis_actors`
-_LAZY = {"read_kinesis": ".data", "DatasetSink": ".dataset_sink"}
+_LAZY = {"read_kinesis": ".data", "DatasetSink": ".sinks.dataset"}
 
 
 def __getattr__(name: str) -> object:

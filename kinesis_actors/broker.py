@@ -216,9 +216,11 @@ class KinesisBroker:
 
         Args:
             stream: a :class:`KinesisStream`.
-            sink: a Ray actor handle (push mode: its ``process_batch(records)`` is called
-                with each batch; returning is the acknowledgement), or None (pull mode:
-                ``next_batch``, iteration).
+            sink: push mode: a Ray actor handle (its ``process_batch(records)``, or
+                ``KinesisStream.sink_method``, is called with each batch; returning is the
+                acknowledgement), or any :class:`~kinesis_actors.sinks.Sink` (an object with
+                ``deliver(records)``, e.g. a ``DatasetSink``). None: pull mode (``next_batch``,
+                iteration).
             start_timeout_s: longest wait for the first pass, seconds (the default covers
                 128 shards on one 2-core node with room to spare).
 
@@ -228,8 +230,8 @@ class KinesisBroker:
             (``next_batch``, iteration, ``wait``, ``close``), not raised here.
 
         Raises:
-            InvalidError: not a KinesisStream, a sink without the method, or a stream this
-                broker already reads (before any AWS call).
+            InvalidError: not a KinesisStream, a sink that is neither an actor with the
+                method nor a Sink, or a stream this broker already reads (before any AWS call).
             NotConnectedError: not connected, or shut down.
             StreamError: the stream does not exist (and ``create_if_missing`` is unset), or
                 authentication failed.
@@ -240,8 +242,10 @@ class KinesisBroker:
         if not isinstance(stream, KinesisStream):
             raise InvalidError(f"subscribe() takes a KinesisStream, got {stream!r}")
         start_timeout_s = positive_duration("start_timeout_s", start_timeout_s)
-        if sink is not None and not hasattr(sink, stream.sink_method):
-            raise InvalidError(f"sink {sink!r} has no method {stream.sink_method!r}")
+        if sink is not None:
+            from .sinks import as_sink
+
+            sink = as_sink(sink, stream.sink_method)
         state = self._state
         aws = state.require()
         with state.lock:
@@ -273,7 +277,7 @@ class Subscription:
 
     def __init__(self, broker: KinesisBroker, stream: KinesisStream, sink: Any, *, aws: AwsSettings,
                  start_timeout_s: float) -> None:
-        from .sinks import make_pull_queue
+        from .sinks.pull import make_pull_queue
 
         self.stream = stream
         self.owner_id: str = broker.owner_id  # type: ignore[assignment]

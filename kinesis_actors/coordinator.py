@@ -75,6 +75,7 @@ from .leases.protocol import Lease, LeaseStore
 from .metrics import coordinator_tick
 from .reader import ConsumerState, ReaderSpec, ShardEvent
 from .records import StartAt
+from .sinks import Sink
 
 __all__ = ["CoordinatorCore", "ReaderHandle", "ReaderGone", "ReaderUnreachable", "Coordinator", "pool_size",
            "pick_reader"]
@@ -976,7 +977,7 @@ def _make_ray_actor() -> Any:
         """
 
         def __init__(self, stream: KinesisStream, aws: AwsSettings, store: LeaseStore, owner_id: str,
-                     lease_duration_s: float, renew_interval_s: float, sink: Any, pull_queue: Any) -> None:
+                     lease_duration_s: float, renew_interval_s: float, sink: Sink | None, pull_queue: Any) -> None:
             logging.basicConfig(level=logging.INFO)
             # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads,
             # never on the event loop; Ray's once-per-process warning does not apply.
@@ -985,14 +986,15 @@ def _make_ray_actor() -> Any:
             from .reader import kinesis_call_timeout_s
 
             _ray_worker.blocking_get_inside_async_warned = True
+            from .sinks import ActorSink
+
             options = stream.actor_options()
-            target = sink if sink is not None else pull_queue
-            method = stream.sink_method if sink is not None else "process_batch"
+            target: Sink = sink if sink is not None else ActorSink(pull_queue, "process_batch")
             call_timeout_s = kinesis_call_timeout_s(lease_duration_s)
 
             def launch(_: int) -> ReaderHandle:
                 return _RayReaderHandle(ShardReader.options(**options).remote(
-                    store, target, method, aws, call_timeout_s, stream.max_buffered_bytes))
+                    store, target, aws, call_timeout_s, stream.max_buffered_bytes))
 
             on_fatal = (lambda err: pull_queue.fail.remote(err)) if pull_queue is not None else None
             self.core = CoordinatorCore(stream, aws=aws, store=store, owner_id=owner_id,

@@ -72,6 +72,7 @@ from .kinesis import GET_RECORDS_MAX_BYTES, Fetched, ShardFetcher, backoff_s
 from .leases.protocol import SHARD_END, Lease, LeaseStore
 from .metrics import reader_tick
 from .records import Record, StartAt
+from .sinks.protocol import Sink
 
 __all__ = ["ConsumerState", "TRANSITIONS", "ReaderSpec", "kinesis_call_timeout_s", "ShardConsumer", "ShardReaderCore",
            "ShardEvent", "ByteBudget", "CallLimit", "ReaderIo",
@@ -1156,15 +1157,14 @@ def _make_ray_actor() -> Any:
         method runs on the process's one event loop, blocking calls in :class:`ReaderIo`.
 
         Args:
-            store: the lease store. sink: the sink actor handle (or the pull queue).
-            sink_method: the sink's method called with each batch.
+            store: the lease store. sink: where batches go (a :class:`~kinesis_actors.sinks.Sink`).
             aws: settings for the Kinesis client.
             call_timeout_s: connect and read timeout of every Kinesis call, seconds.
             max_buffered_bytes: this process's byte budget.
             threads: threads (and HTTP connections) of each pool.
         """
 
-        def __init__(self, store: LeaseStore, sink: Any, sink_method: str, aws: AwsSettings, call_timeout_s: float,
+        def __init__(self, store: LeaseStore, sink: Sink, aws: AwsSettings, call_timeout_s: float,
                      max_buffered_bytes: int, threads: int = DEFAULT_THREADS) -> None:
             logging.basicConfig(level=logging.INFO)
             # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads of
@@ -1177,10 +1177,8 @@ def _make_ray_actor() -> Any:
             settings = dataclasses.replace(aws, connect_timeout_s=min(aws.connect_timeout_s, call_timeout_s))
             kinesis = settings.client("kinesis", read_timeout_s=call_timeout_s, max_attempts=0,
                                       max_pool_connections=threads)
-            method = getattr(sink, sink_method)
-
             async def deliver(records: list[Record]) -> Any:
-                return await method.remote(records)
+                return await sink.deliver(records)
 
             self.core = ShardReaderCore(store=store, deliver=deliver, kinesis=kinesis,
                                         max_buffered_bytes=max_buffered_bytes,

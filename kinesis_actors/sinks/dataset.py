@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .errors import InvalidError, KinesisError
+from ..errors import InvalidError, KinesisError
 
 __all__ = ["DatasetSink", "DatasetSinkCore", "BATCH_FORMATS"]
 
@@ -66,7 +66,7 @@ def _as_table(batch: Any) -> Any:
 
     if isinstance(batch, pa.Table):
         return batch
-    from .arrow import records_to_table
+    from ..arrow import records_to_table
 
     return records_to_table(batch)
 
@@ -213,17 +213,6 @@ def _from_arrow(tables: list[Any]) -> Any:
     return ray.data.from_arrow(tables)
 
 
-class _ArrowMethod:
-    """``sink.process_batch`` for ``batch_format="pyarrow"``: ``.remote(records)`` converts
-    the batch to a pyarrow Table in the caller (the reader's process) before the actor call."""
-
-    def __init__(self, method: Any) -> None:
-        self._method = method
-
-    def remote(self, records: Sequence[Any]) -> Any:
-        return self._method.remote(_as_table(records))
-
-
 def _make_actor_class() -> Any:
     import ray
 
@@ -311,11 +300,13 @@ class DatasetSink:
     def __repr__(self) -> str:
         return f"DatasetSink(window_s={self.window_s}, batch_format={self.batch_format!r})"
 
-    @property
-    def process_batch(self) -> Any:
-        """What readers call (``.remote(records)``); returning acknowledges the batch."""
-        method = self._actor.process_batch
-        return _ArrowMethod(method) if self.batch_format == "pyarrow" else method
+    def deliver(self, records: Sequence[Any]) -> Any:
+        """The :class:`~kinesis_actors.sinks.protocol.Sink` call readers make: the batch joins
+        the open window; the returned ``ObjectRef`` completes once ``fn`` returned for that
+        window (the acknowledgement). With ``batch_format="pyarrow"`` the batch becomes one
+        ``pyarrow.Table`` here, in the reader's process, before it crosses to the actor."""
+        batch = _as_table(records) if self.batch_format == "pyarrow" else records
+        return self._actor.process_batch.remote(batch)
 
     @property
     def actor(self) -> Any:

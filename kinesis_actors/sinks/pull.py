@@ -1,10 +1,9 @@
-"""Sinks: where readers deliver batches.
+"""Pull mode's sink: :class:`PullQueueCore`, a small async actor the subscription owns.
 
-* Push mode: any Ray actor handle with a ``process_batch(records)`` method (the name is
-  configurable); the call returning without an exception is the acknowledgement.
-* Pull mode: :class:`PullQueue`, a small async actor the subscription owns. A reader's
-  ``process_batch`` call parks in it until the driver acknowledges the batch, so the
-  reader's code is the same in both modes, and backpressure is one batch per shard.
+A reader's ``process_batch`` call parks in it until the driver acknowledges the batch
+(``next_batch`` asks for the next one, or ``ack``), so the reader's code is the same in
+push and pull mode (an :class:`~kinesis_actors.sinks.protocol.ActorSink` over this
+actor), and backpressure is one batch per shard.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import collections
 import itertools
 from typing import Any
 
-from .records import Record
+from ..records import Record
 
 __all__ = ["PullQueueCore", "make_pull_queue"]
 

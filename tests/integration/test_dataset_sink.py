@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kinesis_actors import KinesisBroker, KinesisStream, StartAt
-from kinesis_actors.dataset_sink import DatasetSink
+from kinesis_actors.sinks.dataset import DatasetSink
 
 from .helpers import create_stream, wait_until
 

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from kinesis_actors.dataset_sink import DatasetSink, DatasetSinkCore
+from kinesis_actors.sinks.dataset import DatasetSink, DatasetSinkCore
 from kinesis_actors.errors import InvalidError
 from kinesis_actors.records import Record
 

@@ -1,0 +1,21 @@
+"""Sinks: where readers deliver batches (see :mod:`kinesis_actors.sinks.protocol`).
+
+* :class:`Sink`, :class:`ActorSink`, :func:`as_sink`: the protocol and a Ray actor as a sink.
+* :mod:`~kinesis_actors.sinks.pull`: pull mode's queue actor.
+* :class:`DatasetSink` (:mod:`~kinesis_actors.sinks.dataset`): windows handed to a function as a
+  ``ray.data.Dataset``; imported on first use (it needs Ray Data).
+"""
+
+from __future__ import annotations
+
+from .protocol import ActorSink, Sink, as_sink
+
+__all__ = ["Sink", "ActorSink", "as_sink", "DatasetSink"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "DatasetSink":
+        from .dataset import DatasetSink
+
+        return DatasetSink
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
