@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 _RAY_CALL_TIMEOUT_S = 60.0
 _FIRST_PASS_ATTEMPTS = 3  # Coordinators started for one first pass before subscribe() gives up
+_STORE_METHODS = ("bind", "open", "close", "take", "renew", "checkpoint", "set_start_position", "release", "get",
+                  "list", "is_expired", "snapshot", "request_handoff", "withdraw_handoff", "hand_over",
+                  "force_handoff", "heartbeat", "instances", "remove_presence")
 _START_MARGIN_S = 30.0  # beyond start_timeout_s, for the Coordinator to report why its first pass missed it
 
 
@@ -83,9 +86,9 @@ class KinesisBroker:
         if self.renew_interval_s >= self.lease_duration_s:
             raise InvalidError(f"renew_interval_s ({renew_interval_s}) must be shorter than "
                                f"lease_duration_s ({lease_duration_s})")
-        if lease_store is not None and not all(hasattr(lease_store, m)
-                                               for m in ("take", "renew", "checkpoint", "list")):
-            raise InvalidError(f"lease_store must be a LeaseStore, got {lease_store!r}")
+        if lease_store is not None and not isinstance(lease_store, LeaseStore):
+            missing = sorted(m for m in _STORE_METHODS if not callable(getattr(lease_store, m, None)))
+            raise InvalidError(f"lease_store must be a LeaseStore (missing {', '.join(missing)}), got {lease_store!r}")
         self._aws = AwsSettings(endpoint=endpoint, region=region, test_credentials=bool(test_credentials),
                                 credentials=_credentials, profile=_profile)
         self._lease_store = lease_store
@@ -148,12 +151,7 @@ class KinesisBroker:
                 from .leases.memory import MemoryLeaseStore
 
                 store = MemoryLeaseStore()
-            bind = getattr(store, "bind", None)
-            if callable(bind):
-                store = bind(self._aws)
-            opener = getattr(store, "open", None)
-            if callable(opener):
-                opener()
+            store = store.bind(self._aws).open()
             self._state_extra.update(store=store, owned_store=owned_store,
                                      owner_id=self._owner_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}")
             state.aws = self._aws
@@ -188,7 +186,7 @@ class KinesisBroker:
         with state.lock:
             state.closed = True
             store = self._state_extra.get("store")
-            if self._state_extra.get("owned_store") and callable(getattr(store, "close", None)):
+            if self._state_extra.get("owned_store") and store is not None:
                 try:
                     store.close()
                 except Exception:

@@ -255,8 +255,7 @@ class CoordinatorCore:
         (reported by :meth:`error`), not raised.
         """
         deadline = self._clock() + timeout_s
-        if callable(getattr(self.store, "heartbeat", None)):
-            self._presence_task = asyncio.create_task(self._presence_loop(), name=f"presence-{self.stream.name}")
+        self._presence_task = asyncio.create_task(self._presence_loop(), name=f"presence-{self.stream.name}")
         try:
             await self.sync_shards()
             outcome = await self.poll_leases(deadline=deadline)
@@ -694,9 +693,9 @@ class CoordinatorCore:
         readable = [sid for sid in sorted(self._shards)
                     if sid not in self._finished and self._parents_done(self._shards[sid], rows)]
         now = self._clock()
-        may_steal = live is not None and now - self._last_steal >= 0.9 * self.stream.lease_poll_interval_s
+        may_steal = now - self._last_steal >= 0.9 * self.stream.lease_poll_interval_s
         plan = plan_leases(self.owner_id, [self._shard_state(sid, rows.get(sid)) for sid in readable],
-                           held=self._held.keys(), live_instances=live or (),
+                           held=self._held.keys(), live_instances=live,
                            max_leases=self.stream.max_leases,
                            max_leases_to_steal=self.stream.max_leases_to_steal if may_steal else 0)
         self.last_plan = plan
@@ -820,13 +819,10 @@ class CoordinatorCore:
             dead_letter=cfg.dead_letter,
         )
 
-    def _read_table(self) -> tuple[dict[str, Lease], list[str] | None]:
-        """The stream's shard rows and the live instances (None: the store has no presence rows)."""
-        snapshot = getattr(self.store, "snapshot", None)
-        if callable(snapshot):
-            snap = snapshot(self.stream.name)
-            return {lease.shard_id: lease for lease in snap.leases}, [i.owner for i in snap.instances]
-        return {lease.shard_id: lease for lease in self.store.list(self.stream.name)}, None
+    def _read_table(self) -> tuple[dict[str, Lease], list[str]]:
+        """The stream's shard rows and the live instances, from one consistent read."""
+        snap = self.store.snapshot(self.stream.name)
+        return {lease.shard_id: lease for lease in snap.leases}, [i.owner for i in snap.instances]
 
     def _shard_state(self, shard_id: str, row: Lease | None) -> ShardState:
         if row is None:

@@ -49,9 +49,7 @@ between), or :meth:`BaseLeaseStore.force_handoff` when the holder did not answer
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import logging
-import math
 import threading
 import time
 import uuid
@@ -59,102 +57,41 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..errors import InvalidError, LeaseLostError, LeaseStoreError
-from .protocol import Instance, Lease, lease_key, presence_key, validate_checkpoint, validate_names
+from .expiry import ExpiryObserver
+from .presence import PresenceRows
+from .protocol import (
+    Instance,
+    Lease,
+    TableSnapshot,
+    duration_to_ms,
+    lease_key,
+    validate_checkpoint,
+    validate_names,
+)
+from .rows import (
+    CHECKPOINT,
+    COUNTER,
+    DURATION_MS,
+    EXPIRY,
+    KEY,
+    NEXT_OWNER,
+    OWNER,
+    PARENTS,
+    SHARD_ID,
+    START_POSITION,
+    STREAM,
+    STREAM_ARN,
+    STREAM_CREATION_MS,
+    SUB_SEQUENCE,
+    WRITE_TOKEN,
+    Row,
+    is_shard_row,
+    row_to_lease,
+)
 
-__all__ = ["BaseLeaseStore", "row_to_lease", "is_shard_row", "is_presence_row", "row_to_instance", "TableSnapshot"]
+__all__ = ["BaseLeaseStore", "Row"]
 
 logger = logging.getLogger(__name__)
-
-Row = dict[str, Any]
-
-# Attribute names of the lease table (one place).
-KEY = "lease_key"
-STREAM = "stream"
-SHARD_ID = "shard_id"
-OWNER = "lease_owner"
-COUNTER = "lease_counter"
-DURATION_MS = "lease_duration_ms"
-EXPIRY = "lease_expiry"
-CHECKPOINT = "checkpoint"
-SUB_SEQUENCE = "checkpoint_sub_sequence"
-START_POSITION = "start_position"
-PARENTS = "parent_shard_ids"
-NEXT_OWNER = "lease_next_owner"
-STREAM_ARN = "stream_arn"
-STREAM_CREATION_MS = "stream_creation_ms"
-WRITE_TOKEN = "lease_write_token"  # random, per write that raises the counter: tells our own landed write
-
-
-def is_shard_row(row: Mapping[str, Any], stream: str | None = None) -> bool:
-    """True if ``row`` is a shard row (key ``"<stream>:<shard id>"``), of ``stream`` if given.
-
-    Presence rows (``"<stream>#instance#<owner>"``) and foreign rows are never shard rows.
-    """
-    key, row_stream, shard_id = row.get(KEY), row.get(STREAM), row.get(SHARD_ID)
-    if not (isinstance(key, str) and isinstance(row_stream, str) and isinstance(shard_id, str)):
-        return False
-    if stream is not None and row_stream != stream:
-        return False
-    return key == lease_key(row_stream, shard_id) and COUNTER in row
-
-
-def is_presence_row(row: Mapping[str, Any], stream: str | None = None) -> bool:
-    """True if ``row`` is a presence row (key ``"<stream>#instance#<owner>"``), of ``stream`` if given."""
-    key, row_stream, owner = row.get(KEY), row.get(STREAM), row.get(OWNER)
-    if not (isinstance(key, str) and isinstance(row_stream, str) and isinstance(owner, str)):
-        return False
-    if stream is not None and row_stream != stream:
-        return False
-    return key == presence_key(row_stream, owner) and COUNTER in row
-
-
-def row_to_instance(row: Mapping[str, Any]) -> Instance:
-    """Build the immutable :class:`Instance` of a presence row."""
-    return Instance(
-        stream=row[STREAM],
-        owner=row[OWNER],
-        counter=int(row[COUNTER]),
-        duration_ms=int(row.get(DURATION_MS, 0)),
-        expiry_ms=int(row.get(EXPIRY, 0)),
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class TableSnapshot:
-    """One consistent scan of a stream's rows: its shard leases and its live instances."""
-
-    leases: list[Lease]
-    instances: list[Instance]
-
-
-def row_to_lease(row: Mapping[str, Any]) -> Lease:
-    """Build the immutable :class:`Lease` of a shard row."""
-    parents = row.get(PARENTS) or ()
-    sub = row.get(SUB_SEQUENCE)
-    return Lease(
-        stream=row[STREAM],
-        shard_id=row[SHARD_ID],
-        owner=row.get(OWNER),
-        counter=int(row[COUNTER]),
-        expiry_ms=int(row.get(EXPIRY, 0)),
-        duration_ms=int(row.get(DURATION_MS, 0)),
-        checkpoint=row.get(CHECKPOINT),
-        checkpoint_sub_sequence=None if sub is None else int(sub),
-        start_position=row.get(START_POSITION),
-        parent_shard_ids=tuple(sorted(parents)),
-        next_owner=row.get(NEXT_OWNER),
-        stream_arn=row.get(STREAM_ARN),
-        stream_creation_ms=None if row.get(STREAM_CREATION_MS) is None else int(row[STREAM_CREATION_MS]),
-    )
-
-
-def _duration_ms(duration_s: object, what: str = "duration_s") -> int:
-    """Validate a lease duration in seconds and return it in whole milliseconds (at least 1)."""
-    if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)):
-        raise InvalidError(f"{what} must be a positive number of seconds, got {duration_s!r}")
-    if not math.isfinite(duration_s) or duration_s <= 0:
-        raise InvalidError(f"{what} must be a positive finite number of seconds, got {duration_s!r}")
-    return max(1, round(duration_s * 1000))
 
 
 def _validate_lease(lease: object, operation: str) -> Lease:
@@ -166,7 +103,7 @@ def _validate_lease(lease: object, operation: str) -> Lease:
     return lease
 
 
-class BaseLeaseStore:
+class BaseLeaseStore(PresenceRows):
     """All the lease logic, over storage primitives that a subclass implements.
 
     Subclasses implement ``_read``, ``_scan``, ``_put_new`` and ``_update`` (see the module
@@ -181,7 +118,7 @@ class BaseLeaseStore:
     """
 
     #: instance attributes not pickled (rebuilt by ``_init_transient``).
-    _TRANSIENT: tuple[str, ...] = ("_seen", "_seen_lock")
+    _TRANSIENT: tuple[str, ...] = ("_expiry", "_unconfirmed", "_lock")
 
     def __init__(
         self,
@@ -197,9 +134,9 @@ class BaseLeaseStore:
 
     # ------------------------------------------------------------------ pickling
     def _init_transient(self) -> None:
-        self._seen: dict[str, tuple[int, float]] = {}
+        self._expiry = ExpiryObserver(self._clock)
         self._unconfirmed: dict[str, tuple[int, str]] = {}  # key -> (counter, token) of a write that raised
-        self._seen_lock = threading.Lock()
+        self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -237,12 +174,24 @@ class BaseLeaseStore:
         other = object.__new__(type(self))  # no pickling round trip: a copy does no I/O
         transient = type(self)._all_transient()
         other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in transient})
-        other._init_transient()
         if clock is not None:
             other._clock = clock
         if wall_clock is not None:
             other._wall_clock = wall_clock
+        other._init_transient()
         return other
+
+    # ------------------------------------------------------------------ lifecycle
+    def bind(self, aws: Any) -> BaseLeaseStore:
+        """This store as it is: it has no AWS settings to inherit (``DynamoLeaseStore`` does)."""
+        return self
+
+    def open(self) -> BaseLeaseStore:
+        """Nothing to create in this process (``MemoryLeaseStore`` creates its actor); returns self."""
+        return self
+
+    def close(self) -> None:
+        """Nothing to release (``MemoryLeaseStore`` kills its actor)."""
 
     # ------------------------------------------------------------------ primitives
     def _read(self, key: str) -> Row | None:  # pragma: no cover - abstract
@@ -271,23 +220,7 @@ class BaseLeaseStore:
 
     # ------------------------------------------------------------------ expiry
     def _note(self, row: Mapping[str, Any]) -> None:
-        """Record that this store saw ``row``'s counter (now, unless it saw that counter before)."""
-        key, counter = row[KEY], int(row[COUNTER])
-        now = self._clock()
-        with self._seen_lock:
-            seen = self._seen.get(key)
-            if seen is None or seen[0] != counter:
-                self._seen[key] = (counter, now)
-
-    def _expired(self, key: str, counter: int, duration_ms: int) -> bool:
-        now = self._clock()
-        with self._seen_lock:
-            seen = self._seen.get(key)
-            if seen is None or seen[0] < counter:
-                self._seen[key] = (counter, now)
-                return False
-            # seen[0] > counter: the caller's Lease is stale; judge the newest counter seen.
-            return (now - seen[1]) * 1000.0 >= duration_ms
+        self._expiry.note(row)
 
     def is_expired(self, lease: Lease | Instance) -> bool:
         """True if the lease's counter has not changed for its duration, as this store saw it.
@@ -310,7 +243,7 @@ class BaseLeaseStore:
         """
         if not isinstance(lease, (Lease, Instance)):
             raise InvalidError(f"is_expired needs a Lease, got {type(lease).__name__}")
-        return self._expired(lease.key, lease.counter, lease.duration_ms)
+        return self._expiry.expired(lease.key, lease.counter, lease.duration_ms)
 
     def _wall_expiry_ms(self, duration_ms: int) -> int:
         return int(self._wall_clock() * 1000) + duration_ms
@@ -356,7 +289,7 @@ class BaseLeaseStore:
             LeaseStoreError: the store is missing or unreachable.
         """
         validate_names(stream, shard_id, owner)
-        duration_ms = _duration_ms(duration_s)
+        duration_ms = duration_to_ms(duration_s)
         if isinstance(parent_shard_ids, str):
             raise InvalidError(f"parent_shard_ids must be a tuple of shard ids, got {parent_shard_ids!r}")
         parents = tuple(parent_shard_ids or ())
@@ -394,7 +327,7 @@ class BaseLeaseStore:
         self._note(row)
         current_owner = row.get(OWNER)
         counter = int(row[COUNTER])
-        if current_owner is not None and current_owner != owner and not self._expired(
+        if current_owner is not None and current_owner != owner and not self._expiry.expired(
                 key, counter, int(row.get(DURATION_MS, 0))):
             return None
         fields: Row = {
@@ -451,12 +384,12 @@ class BaseLeaseStore:
             new = self._update(key, lease.owner, lease.counter, fields, remove_fields)
         except LeaseStoreError as e:
             if e.retriable:
-                with self._seen_lock:
+                with self._lock:
                     self._unconfirmed[key] = (lease.counter + 1, token)
             raise
         if new is None:
             row = self._read(key)
-            with self._seen_lock:
+            with self._lock:
                 earlier = self._unconfirmed.get(key)
             if row is not None and (int(row[COUNTER]), row.get(WRITE_TOKEN)) == (lease.counter + 1, token):
                 new = row  # this very write landed on an earlier attempt
@@ -464,7 +397,7 @@ class BaseLeaseStore:
                     and row.get(OWNER) == lease.owner:
                 logger.info("lease %s: an earlier %s write landed although it failed; applying %s on top",
                             key, lease.owner, operation)
-                with self._seen_lock:
+                with self._lock:
                     self._unconfirmed.pop(key, None)
                 self._note(row)
                 return self._holder_write(row_to_lease(row), operation, set_fields, remove_fields)
@@ -472,7 +405,7 @@ class BaseLeaseStore:
                 raise LeaseLostError(
                     f"{operation} of lease {key!r}: not held by {lease.owner!r} at counter {lease.counter} any more"
                 )
-        with self._seen_lock:
+        with self._lock:
             self._unconfirmed.pop(key, None)
         self._note(new)
         return row_to_lease(new)
@@ -496,7 +429,7 @@ class BaseLeaseStore:
             LeaseStoreError: the store is missing or unreachable.
         """
         _validate_lease(lease, "renew")
-        duration_ms = _duration_ms(duration_s) if duration_s is not None else max(1, lease.duration_ms)
+        duration_ms = duration_to_ms(duration_s) if duration_s is not None else max(1, lease.duration_ms)
         return self._holder_write(
             lease, "renew", {DURATION_MS: duration_ms, EXPIRY: self._wall_expiry_ms(duration_ms)}
         )
@@ -689,7 +622,7 @@ class BaseLeaseStore:
             LeaseStoreError: the store is missing or unreachable.
         """
         validate_names(stream, shard_id, owner)
-        duration_ms = _duration_ms(duration_s)
+        duration_ms = duration_to_ms(duration_s)
         key = lease_key(stream, shard_id)
         row = self._read(key)
         if row is None or row.get(NEXT_OWNER) != owner or not is_shard_row(row):
@@ -756,98 +689,9 @@ class BaseLeaseStore:
             self._note(row)
         return sorted((row_to_lease(row) for row in shard_rows), key=lambda lease: lease.shard_id)
 
-    # ------------------------------------------------------------------ presence (balancing)
-    def _presence(self, rows: Iterable[Row], stream: str, include_stale: bool) -> builtins.list[Instance]:
-        found = []
-        for row in rows:
-            if not is_presence_row(row, stream):
-                continue
-            self._note(row)
-            if include_stale or not self._expired(row[KEY], int(row[COUNTER]), int(row.get(DURATION_MS, 0))):
-                found.append(row_to_instance(row))
-        return sorted(found, key=lambda instance: instance.owner)
-
-    def heartbeat(self, stream: str, owner: str, *, duration_s: float) -> Instance:
-        """Create or refresh ``owner``'s presence row for ``stream``; the counter rises by one.
-
-        An instance heartbeats more often than ``duration_s``; other stores judge it stale
-        once its counter has not changed for ``duration_s`` since they first saw that
-        counter (the lease rule: no wall clock is compared). Only the instance itself
-        writes its row, so the write is conditional on the counter this store last saw
-        (one ``UpdateItem``), re-reading once if another process of the same owner id
-        (a restarted Coordinator) wrote meanwhile.
-
-        Args:
-            stream: stream name.
-            owner: the instance's owner id.
-            duration_s: how long the row stays fresh without a heartbeat, seconds.
-
-        Returns:
-            The presence row as an :class:`Instance`.
-
-        Raises:
-            InvalidError: empty names, or a bad duration (before any I/O).
-            LeaseStoreError: the store is missing or unreachable, or the row kept changing.
-        """
-        validate_names(stream, None, owner)
-        duration_ms = _duration_ms(duration_s)
-        key = presence_key(stream, owner)
-        fields: Row = {OWNER: owner, DURATION_MS: duration_ms, EXPIRY: self._wall_expiry_ms(duration_ms)}
-        with self._seen_lock:
-            seen = self._seen.get(key)
-        counter = seen[0] if seen is not None else None
-        for _ in range(4):
-            if counter is not None:
-                new = self._update(key, owner, counter, {**fields, COUNTER: counter + 1})
-                if new is not None:
-                    self._note(new)
-                    return row_to_instance(new)
-            row = self._read(key)
-            if row is None:
-                item: Row = {KEY: key, STREAM: stream, COUNTER: 1, **fields}
-                if self._put_new(item):
-                    self._note(item)
-                    return row_to_instance(item)
-                counter = None
-                continue
-            counter = int(row[COUNTER])
-        raise LeaseStoreError(f"presence row {key!r} kept changing; heartbeat not written", retriable=True)
-
-    def instances(self, stream: str, *, include_stale: bool = False) -> builtins.list[Instance]:
-        """The presence rows of ``stream``: the instances reading it (consistent read).
-
-        Args:
-            stream: stream name.
-            include_stale: also return rows whose counter has not changed for their
-                duration as this store saw it (a crashed instance's row).
-
-        Returns:
-            The Instances, sorted by owner id. A row this store sees for the first time is
-            fresh (it waits one full duration before calling it stale).
-
-        Raises:
-            InvalidError: empty stream (before any I/O).
-            LeaseStoreError: the store is missing or unreachable.
-        """
-        validate_names(stream)
-        return self._presence(self._scan(stream), stream, include_stale)
-
     def snapshot(self, stream: str) -> TableSnapshot:
         """One scan of ``stream``'s rows: its shard leases (as :meth:`list`) and its live
         instances (as :meth:`instances`). What a Coordinator reads at each lease poll."""
         validate_names(stream)
         rows = self._scan(stream)
         return TableSnapshot(self._shard_leases(rows, stream), self._presence(rows, stream, False))
-
-    def remove_presence(self, stream: str, owner: str) -> None:
-        """Delete ``owner``'s presence row for ``stream`` (a clean close); idempotent.
-
-        Raises:
-            InvalidError: empty names (before any I/O).
-            LeaseStoreError: the store is missing or unreachable.
-        """
-        validate_names(stream, None, owner)
-        key = presence_key(stream, owner)
-        self._delete(key)
-        with self._seen_lock:
-            self._seen.pop(key, None)

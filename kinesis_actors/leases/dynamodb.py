@@ -32,7 +32,8 @@ from typing import Any
 
 from ..aws import AwsSettings
 from ..errors import InvalidError, KinesisError, LeaseStoreError, aws_error_code, translate_aws_error
-from .base import COUNTER, KEY, OWNER, STREAM, BaseLeaseStore, Row
+from .base import BaseLeaseStore
+from .rows import COUNTER, KEY, OWNER, STREAM, Row
 
 __all__ = ["DynamoLeaseStore"]
 

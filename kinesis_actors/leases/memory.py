@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..errors import InvalidError, LeaseStoreError
-from .base import COUNTER, KEY, OWNER, STREAM, BaseLeaseStore, Row
+from .base import BaseLeaseStore
+from .rows import COUNTER, KEY, OWNER, STREAM, Row
 
 __all__ = ["MemoryLeaseStore", "InProcessLeaseStore", "ACTOR_NAMESPACE"]
 

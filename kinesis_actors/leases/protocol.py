@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import math
 import re
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..errors import InvalidError
 
-__all__ = ["Lease", "Instance", "LeaseStore", "SHARD_END", "lease_key", "presence_key", "validate_names",
-           "validate_checkpoint"]
+__all__ = ["Lease", "Instance", "TableSnapshot", "LeaseStore", "SHARD_END", "lease_key", "presence_key",
+           "validate_names", "validate_checkpoint", "duration_to_ms"]
 
 SHARD_END = "SHARD_END"
 """Checkpoint value of a shard read to its end and fully acknowledged (KCL's sentinel)."""
@@ -86,6 +87,15 @@ def validate_checkpoint(sequence_number: object, sub_sequence: object = None) ->
         )
     if sub_sequence is not None and (not isinstance(sub_sequence, int) or sub_sequence < 0):
         raise InvalidError(f"sub_sequence must be a non-negative int or None, got {sub_sequence!r}")
+
+
+def duration_to_ms(duration_s: object, what: str = "duration_s") -> int:
+    """Validate a lease duration in seconds and return it in whole milliseconds (at least 1)."""
+    if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)):
+        raise InvalidError(f"{what} must be a positive number of seconds, got {duration_s!r}")
+    if not math.isfinite(duration_s) or duration_s <= 0:
+        raise InvalidError(f"{what} must be a positive finite number of seconds, got {duration_s!r}")
+    return max(1, round(duration_s * 1000))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,22 +180,49 @@ class Instance:
         return presence_key(self.stream, self.owner)
 
 
+@dataclasses.dataclass(frozen=True)
+class TableSnapshot:
+    """One consistent scan of a stream's rows: its shard leases and its live instances."""
+
+    leases: list[Lease]
+    instances: list[Instance]
+
+
 @runtime_checkable
 class LeaseStore(Protocol):
-    """Storage of the lease table: take, renew, checkpoint, get, release, list.
+    """Storage of the lease table: every call the library makes on a store.
 
     Every write is conditional on the owner and counter the caller holds (fencing) and
     returns the new :class:`Lease`; a failed condition raises ``LeaseLostError`` and
-    changes nothing. Reads are strongly consistent. Implementations:
-    ``MemoryLeaseStore`` (one Ray actor) and ``DynamoLeaseStore`` (a DynamoDB table).
-    Methods may raise ``InvalidError`` (bad input, before any I/O) and
-    ``LeaseStoreError`` (table missing or unreachable past retries).
+    changes nothing. Reads are strongly consistent. Implementations share their logic
+    (``kinesis_actors.leases.base.BaseLeaseStore``): ``MemoryLeaseStore`` (one Ray
+    actor), ``DynamoLeaseStore`` (a DynamoDB table) and
+    ``kinesis_actors.testing.InProcessLeaseStore``. Methods may raise ``InvalidError``
+    (bad input, before any I/O) and ``LeaseStoreError`` (table missing or unreachable
+    past retries). Stores are picklable: they cross into the Coordinator and readers.
     """
 
-    def take(self, stream: str, shard_id: str, *, owner: str, duration_s: float) -> Lease | None:
+    # lifecycle (the broker calls these at connect() and shutdown())
+    def bind(self, aws: Any) -> LeaseStore:
+        """A store whose unset AWS settings are taken from the broker's ``AwsSettings``
+        (itself when it has none to take). No I/O."""
+        ...
+
+    def open(self) -> LeaseStore:
+        """Make the store ready in the calling process (create what it owns); returns it."""
+        ...
+
+    def close(self) -> None:
+        """Release what :meth:`open` created (a store that owns nothing does nothing)."""
+        ...
+
+    # leases
+    def take(self, stream: str, shard_id: str, *, owner: str, duration_s: float,
+             parent_shard_ids: tuple[str, ...] = (), stream_identity: tuple[str, int] | None = None) -> Lease | None:
         """Take the shard's lease for ``owner`` if it is free, already ``owner``'s, or expired
-        for this store; create the row if missing. Returns the new Lease, or None when another
-        owner holds it live or won a race for it."""
+        for this store; create the row if missing (with ``parent_shard_ids``). Returns the
+        new Lease, or None when another owner holds it live or won a race for it. A row of
+        another ``stream_identity`` (ARN, creation ms) is restarted (its checkpoint dropped)."""
         ...
 
     def renew(self, lease: Lease, *, duration_s: float | None = None) -> Lease:
@@ -212,12 +249,15 @@ class LeaseStore(Protocol):
         """Every shard row of ``stream`` (consistent read), sorted by shard id."""
         ...
 
-    def is_expired(self, lease: Lease) -> bool:
+    def is_expired(self, lease: Lease | Instance) -> bool:
         """True if the row's counter has not changed for its duration, as this store saw it."""
         ...
 
-    # Lease balancing (issue 6). The Coordinator degrades to "take free and expired
-    # leases only" with a store that lacks these.
+    def snapshot(self, stream: str) -> TableSnapshot:
+        """One consistent read of ``stream``'s rows: its shard leases and its live instances."""
+        ...
+
+    # lease balancing: graceful handoff and presence rows
     def request_handoff(self, stream: str, shard_id: str, *, owner: str, expect_counter: int) -> bool:
         """Ask the holder to hand the lease over to ``owner`` (sets ``lease_next_owner``)."""
         ...
