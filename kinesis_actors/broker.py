@@ -29,11 +29,12 @@ from typing import Any
 from .aws import AwsSettings
 from .config import KinesisStream, positive_duration, validate_stream_name
 from .connection import ConnectionState
-from .errors import InvalidError, KinesisError, NotConnectedError, StartError
+from .errors import InvalidError, KinesisError, NotConnectedError
 from .kinesis import ensure_stream
 from .leases.protocol import Lease, LeaseStore
 from .publisher import Publisher
 from .records import Record, StartAt
+from .supervision import RayCoordinatorRef, Supervisor
 
 __all__ = ["KinesisBroker", "Subscription", "SeekHandle"]
 
@@ -283,129 +284,47 @@ class Subscription:
         self._store: LeaseStore = broker.lease_store  # type: ignore[assignment]
         self._aws = aws
         self._sink = sink
-        self._start_timeout_s = start_timeout_s
         self._queue = make_pull_queue() if sink is None else None
-        self._holding = False
         self._closed = False
         self._error: BaseException | None = None
         self._lock = threading.RLock()
-        self._coordinator: Any = None
-        self.coordinator_restarts = 0
-        self._spawn_coordinator()
-        self._watchdog = threading.Thread(target=self._watch, name=f"ka-watch-{stream.name}", daemon=True)
+        self._supervisor = Supervisor(self._spawn, name=stream.name, start_timeout_s=start_timeout_s,
+                                      period_s=max(0.2, min(1.0, broker.renew_interval_s / 2)),
+                                      attempts=_FIRST_PASS_ATTEMPTS)
+        try:
+            self._supervisor.start()
+        except BaseException:
+            self._closed = True
+            self._discard(self._queue)
+            raise
+        self._watchdog = threading.Thread(target=self._supervisor.run, name=f"ka-watch-{stream.name}", daemon=True)
         self._watchdog.start()
 
     def __repr__(self) -> str:
         return f"Subscription({self.stream.name!r}, owner={self.owner_id!r}, {'closed' if self._closed else 'open'})"
 
     # ------------------------------------------------------------------ coordinator
-    def _spawn_coordinator(self) -> None:
-        """Start the first Coordinator (see :meth:`_start_coordinator`) and keep its handle."""
-        self._coordinator = self._start_coordinator()
+    @property
+    def coordinator_restarts(self) -> int:
+        """How many Coordinators replaced one that died (in its first pass or later)."""
+        return self._supervisor.restarts
 
-    def _start_coordinator(self) -> Any:
-        """Start a Coordinator (``stream.coordinator_options``), wait for its first pass and
-        return its handle.
-
-        A Coordinator that dies during that pass (process killed, node lost: Ray's
-        ``RayActorError``) is replaced, up to ``_FIRST_PASS_ATTEMPTS`` times in all; the new
-        one re-takes the leases this owner already took, so nothing waits for their expiry.
-        Each replacement counts in ``coordinator_restarts``.
-
-        Raises:
-            StartError: the first pass did not open every leased shard within
-                ``start_timeout_s`` (the Coordinator says how many did and why), the
-                Coordinator did not answer by then, or every attempt died. The leases
-                taken are released first.
-        """
-        import ray
-        import ray.exceptions as rex
-
+    def _spawn(self) -> RayCoordinatorRef:
+        """A new Coordinator actor (``stream.coordinator_options``), not started yet."""
         from .coordinator import Coordinator
 
         broker = self._broker
-        options = self.stream.coordinator_actor_options()
-        timeout_s = self._start_timeout_s
-        for attempt in range(1, _FIRST_PASS_ATTEMPTS + 1):
-            coordinator = Coordinator.options(**options).remote(
-                self.stream, self._aws, self._store, self.owner_id, broker.lease_duration_s,
-                broker.renew_interval_s, self._sink, self._queue)
-            try:
-                # The Coordinator keeps the deadline itself; the margin lets it say why it missed it.
-                ray.get(coordinator.start.remote(timeout_s), timeout=timeout_s + _START_MARGIN_S)
-            except rex.RayActorError as e:
-                ray.kill(coordinator, no_restart=True)
-                if attempt == _FIRST_PASS_ATTEMPTS:
-                    raise StartError(f"{self.stream.name}: the Coordinator died during each of {attempt} first "
-                                     f"passes ({type(e).__name__})") from e
-                log.warning("%s: the Coordinator died during its first pass (%s); starting another",
-                            self.stream.name, type(e).__name__)
-                self.coordinator_restarts += 1
-                continue
-            except Exception as e:
-                error = _unwrap(e)
-                if not isinstance(error, StartError):
-                    error = StartError(f"{self.stream.name}: the Coordinator's first pass did not finish within "
-                                       f"{timeout_s + _START_MARGIN_S:.0f} s ({type(error).__name__})")
-                self._abandon(coordinator)
-                raise error from None
-            return coordinator
-        raise AssertionError("unreachable")
+        actor = Coordinator.options(**self.stream.coordinator_actor_options()).remote(
+            self.stream, self._aws, self._store, self.owner_id, broker.lease_duration_s,
+            broker.renew_interval_s, self._sink, self._queue)
+        return RayCoordinatorRef(actor, call_timeout_s=_RAY_CALL_TIMEOUT_S, start_margin_s=_START_MARGIN_S)
 
-    def _abandon(self, coordinator: Any) -> None:
-        """A first pass that failed: close the Coordinator (release what it took), then kill it
-        and the pull queue."""
-        import ray
-
-        with self._lock:
-            self._closed = True
-        try:
-            ray.get(coordinator.close.remote(True, 1.0), timeout=_RAY_CALL_TIMEOUT_S)
-        except Exception as e:
-            log.info("%s: closing the Coordinator after a failed first pass failed (%r)", self.stream.name, e)
-        self._discard(coordinator, self._queue)
-
-    def _watch(self) -> None:
-        import ray
-        import ray.exceptions as rex
-
-        period = max(0.2, min(1.0, self._broker.renew_interval_s / 2))
-        while not self._closed:
-            time.sleep(period)
-            with self._lock:
-                if self._closed:
-                    return
-                coordinator = self._coordinator
-            try:
-                ray.get(coordinator.ping.remote(), timeout=30)
-            except (rex.ActorUnavailableError, rex.GetTimeoutError):
-                continue  # maybe back: retry
-            except rex.RayActorError:
-                if self._closed:
-                    return
-                log.warning("%s: the Coordinator died; starting a new one", self.stream.name)
-                # Started outside the lock: close() must not wait for a restart (up to minutes).
-                try:
-                    replacement = self._start_coordinator()
-                except Exception as e:
-                    log.error("%s: could not restart the Coordinator: %r", self.stream.name, e)
-                    continue
-                with self._lock:
-                    if not self._closed:
-                        self._coordinator = replacement
-                        self.coordinator_restarts += 1
-                        continue
-                # closed while it started: close it too (checkpoint, release), then drop it
-                try:
-                    ray.get(replacement.close.remote(True, 5.0), timeout=_RAY_CALL_TIMEOUT_S)
-                except Exception as e:
-                    log.info("%s: closing the restarted Coordinator failed (%r)", self.stream.name, e)
-                self._discard(replacement)
-                return
-            except Exception:
-                if self._closed:
-                    return
-                log.debug("watchdog ping failed", exc_info=True)
+    @property
+    def _coordinator(self) -> Any:
+        """The actor handle of the Coordinator in charge now."""
+        current = self._supervisor.current
+        assert isinstance(current, RayCoordinatorRef)
+        return current.actor
 
     def _call(self, method: str, *args: Any, timeout_s: float = _RAY_CALL_TIMEOUT_S) -> Any:
         import ray
@@ -551,6 +470,7 @@ class Subscription:
             if self._closed:
                 return
             self._closed = True
+        coordinator = self._supervisor.stop()  # no restart from now on
         try:
             if self._queue is not None and ack:
                 try:
@@ -563,11 +483,14 @@ class Subscription:
             except Exception as e:
                 self._error = e if isinstance(e, KinesisError) else None
             try:
-                ray.get(self._coordinator.close.remote(True, grace), timeout=grace + _RAY_CALL_TIMEOUT_S)
+                if coordinator is not None:
+                    coordinator.close(True, grace)
             except Exception as e:
                 log.warning("%s: closing the Coordinator failed (%r); leases will expire", self.stream.name, e)
         finally:
-            self._discard(self._coordinator, self._queue)
+            if coordinator is not None:
+                coordinator.kill()
+            self._discard(self._queue)
         if self._error is not None:
             raise self._error
 
@@ -577,13 +500,16 @@ class Subscription:
 
         with self._lock:
             self._closed = True
+        coordinator = self._supervisor.stop()
         # Readers die with their Coordinator (Ray fate sharing), but that can lag by seconds
         # on a loaded machine while they keep renewing: kill them first, so the crash is whole.
         try:
             readers = list(ray.get(self._coordinator.reader_handles.remote(), timeout=10).values())
         except Exception:
             readers = []
-        self._discard(*readers, self._coordinator, self._queue)
+        self._discard(*readers, self._queue)
+        if coordinator is not None:
+            coordinator.kill()
 
     def _discard(self, *actors: Any) -> None:
         """Kill ``actors`` (None and already-dead ones are fine) and forget this subscription."""

@@ -10,9 +10,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from kinesis_actors.sinks.dataset import DatasetSink, DatasetSinkCore
 from kinesis_actors.errors import InvalidError
 from kinesis_actors.records import Record
+from kinesis_actors.sinks.dataset import DatasetSink, DatasetSinkCore
 
 WHEN = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
 
