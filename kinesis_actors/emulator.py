@@ -517,7 +517,8 @@ class Emulator:
         port: TCP port; 0 (default) lets the child pick a free one.
         startup_timeout_s: seconds :meth:`start` waits for the server to answer HTTP.
         threaded: a thread per request (default); False serves one request at a time,
-            as many test setups run moto (about 250 requests/s on a 2-core machine).
+            as many test setups run moto (``tests/integration/test_scale.py`` holds a
+            128-shard subscription to its budget).
 
     The server counts the requests it answers by operation: :meth:`requests`.
 

@@ -180,8 +180,8 @@ GET_RECORDS_MAX_BYTES = 10 * 2**20
 def record_bytes(record: Record) -> int:
     """Bytes a delivered record counts for in a byte budget: payload plus partition key.
 
-    Python object overhead (about 200 bytes a record) is not counted, as KCL's
-    ``maxByteSize`` counts record data only.
+    Python object overhead is not counted, as KCL's ``maxByteSize`` counts record data
+    only; ``bench`` (section ``scale``) reports the readers' USS beside the budget.
     """
     return len(record.data) + len(record.partition_key)
 

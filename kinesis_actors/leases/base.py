@@ -38,7 +38,7 @@ checkpoint, set_start_position, release) are fenced on owner AND counter and rai
 successful write raises the counter by one (release too, so a fenced zombie cannot
 write after a release and a re-take).
 
-Balancing (issue 6): presence rows (``"<stream>#instance#<owner>"``, refreshed by
+Balancing: presence rows (``"<stream>#instance#<owner>"``, refreshed by
 :meth:`BaseLeaseStore.heartbeat`) tell which instances are live, judged by the same
 observation rule; a graceful handoff is :meth:`BaseLeaseStore.request_handoff` (the
 thief marks ``lease_next_owner``) then :meth:`BaseLeaseStore.hand_over` (the holder
