@@ -33,6 +33,7 @@ __all__ = [
     "aws_error_code",
     "translate_aws_error",
     "is_throttling",
+    "is_unreachable",
     "THROTTLING_CODES",
     "AUTH_CODES",
 ]
@@ -176,6 +177,38 @@ def is_throttling(exc: BaseException) -> bool:
     return isinstance(status, int) and status >= 500
 
 
+def is_unreachable(exc: BaseException) -> bool:
+    """True when the endpoint refused or could not be reached (nothing listens there, DNS,
+    TLS): botocore already retried it, and waiting longer rarely helps a caller that has
+    not started yet."""
+    from botocore.exceptions import EndpointConnectionError
+
+    return isinstance(exc, EndpointConnectionError)
+
+
+def _endpoint_of(exc: BaseException) -> str | None:
+    kwargs = getattr(exc, "kwargs", None)
+    url = kwargs.get("endpoint_url") if isinstance(kwargs, dict) else None
+    if not isinstance(url, str):
+        return None
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else url
+
+
+def _reason_of(exc: BaseException) -> str:
+    """The innermost cause's message (e.g. ``Connection refused``), short."""
+    cause: BaseException | None = exc
+    while cause is not None and (cause.__cause__ is not None or cause.__context__ is not None):
+        cause = cause.__cause__ or cause.__context__
+    text = str(cause or exc)
+    for marker in ("Connection refused", "Name or service not known", "timed out", "No route to host"):
+        if marker in text:
+            return marker
+    return type(cause or exc).__name__
+
+
 def translate_aws_error(exc: BaseException, *, operation: str, resource: str = "") -> KinesisError:
     """Translate a botocore exception into the ``KinesisError`` family (the one place that does).
 
@@ -194,6 +227,10 @@ def translate_aws_error(exc: BaseException, *, operation: str, resource: str = "
         return exc
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
         return StreamError(f"{where}: no AWS credentials found (authentication failed)", retriable=False)
+    if is_unreachable(exc):
+        endpoint = _endpoint_of(exc) or "the endpoint"
+        return KinesisError(f"{where}: cannot reach {endpoint}: {_reason_of(exc)} (is the service or emulator "
+                            "running there?)", retriable=True)
     code = aws_error_code(exc)
     if code in AUTH_CODES:
         return StreamError(f"{where}: AWS refused the credentials (authentication failed: {code})", aws_code=code)
@@ -202,5 +239,6 @@ def translate_aws_error(exc: BaseException, *, operation: str, resource: str = "
     if code in ("InvalidArgumentException", "ValidationException"):
         return InvalidError(f"{where}: {exc}", aws_code=code)
     if is_throttling(exc):
-        return KinesisError(f"{where}: {code or type(exc).__name__} (transient)", aws_code=code, retriable=True)
+        return KinesisError(f"{where}: {code or type(exc).__name__} (transient; retries gave up)", aws_code=code,
+                            retriable=True)
     return KinesisError(f"{where}: {code or type(exc).__name__}: {exc}", aws_code=code)

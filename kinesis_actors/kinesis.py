@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .errors import StreamError, aws_error_code, is_throttling, translate_aws_error
+from .errors import StreamError, aws_error_code, is_throttling, is_unreachable, translate_aws_error
 from .records import Record, StartAt, records_from_response, seq_key
 
 __all__ = ["ShardInfo", "describe_stream", "ensure_stream", "list_shards", "call_with_retry", "ShardFetcher",
@@ -70,6 +70,9 @@ class ShardInfo:
 def call_with_retry(fn: Callable[[], T], *, operation: str, resource: str, deadline_s: float = 30.0) -> T:
     """Call ``fn`` and retry throttling/transient errors with full-jitter backoff until ``deadline_s``.
 
+    An endpoint that cannot be reached (connection refused: nothing listens) is not
+    retried here past botocore's own attempts: the caller hears at once, with the URL.
+
     Raises:
         KinesisError: the translated error, once it is not transient or the deadline passed.
     """
@@ -81,7 +84,8 @@ def call_with_retry(fn: Callable[[], T], *, operation: str, resource: str, deadl
         except Exception as e:
             attempt += 1
             err = translate_aws_error(e, operation=operation, resource=resource)
-            if not is_throttling(e) or time.monotonic() >= end:
+            # An endpoint that refuses connections was retried by botocore already.
+            if not is_throttling(e) or is_unreachable(e) or time.monotonic() >= end:
                 raise err from e
             pause = random.uniform(0.1, min(3.0, 0.2 * 2**attempt))
             log.info("%s on %s throttled (%s); retrying in %.2f s", operation, resource, err.aws_code, pause)
@@ -118,14 +122,19 @@ def ensure_stream(client: Any, stream: str, *, create_shards: int | None, wait_s
         The ``StreamDescriptionSummary`` of the ACTIVE (or UPDATING) stream.
 
     Raises:
-        StreamError: missing (and not to be created), or not ACTIVE within ``wait_s``.
+        StreamError: missing (and not to be created), not ACTIVE within ``wait_s``, or the
+            credentials were missing or refused (the botocore cause chained).
+        KinesisError: the endpoint cannot be reached (the message names its URL), or
+            another error, translated.
     """
     try:
         summary = describe_stream(client, stream)
     except StreamError as e:
-        if create_shards is None or e.aws_code != "ResourceNotFoundException":
-            raise StreamError(f"stream {stream!r} does not exist (pass create_if_missing=N to create it)"
-                              if e.aws_code == "ResourceNotFoundException" else str(e), aws_code=e.aws_code) from e
+        if e.aws_code != "ResourceNotFoundException":
+            raise  # credentials refused or missing: the error names its real cause
+        if create_shards is None:
+            raise StreamError(f"stream {stream!r} does not exist (pass create_if_missing=N to create it)",
+                              aws_code=e.aws_code) from None
         try:
             client.create_stream(StreamName=stream, ShardCount=create_shards)
             log.info("created stream %s with %d shards", stream, create_shards)

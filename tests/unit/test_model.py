@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import pickle
+import time
 
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
@@ -166,3 +167,35 @@ def test_our_owner_id_re_taken_after_an_unconfirmed_write_is_a_lost_lease() -> N
         store.renew(zombie)
     with pytest.raises(LeaseLostError):
         _LandsThenFails().renew(zombie)  # another store, nothing unconfirmed: plainly lost
+
+
+def test_an_endpoint_that_refuses_connections_is_named_and_not_retried_past_botocore() -> None:
+    import socket
+
+    from kinesis_actors.aws import AwsSettings
+    from kinesis_actors.kinesis import ensure_stream
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = AwsSettings(endpoint=f"http://127.0.0.1:{port}", region="us-east-1", test_credentials=True).client("kinesis")
+    started = time.monotonic()
+    with pytest.raises(KinesisError) as err:
+        ensure_stream(client, "orders", create_shards=None)
+    assert time.monotonic() - started < 15, "no retry of a refused connection beyond botocore's attempts"
+    assert f"http://127.0.0.1:{port}" in str(err.value) and "Connection refused" in str(err.value)
+    assert "transient" not in str(err.value)
+
+
+def test_missing_credentials_name_the_cause_in_one_chained_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from botocore.exceptions import NoCredentialsError
+
+    from kinesis_actors.kinesis import ensure_stream
+
+    class NoCredentials:
+        def describe_stream_summary(self, **_: object) -> None:
+            raise NoCredentialsError()
+
+    with pytest.raises(StreamError, match="no AWS credentials found") as err:
+        ensure_stream(NoCredentials(), "orders", create_shards=4)
+    assert isinstance(err.value.__cause__, NoCredentialsError) and err.value.__cause__.__cause__ is None
+    assert err.value.__context__ is err.value.__cause__, "raised where it happened, not from the create branch"
