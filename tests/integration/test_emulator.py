@@ -378,8 +378,8 @@ def test_shard_locks_are_per_shard() -> None:
     script = textwrap.dedent(
         """
         import threading
-        from kinesis_actors.emulator import _patch_moto
-        _patch_moto()
+        from kinesis_actors.emulator.patches import patch_moto
+        patch_moto()
         from moto.kinesis.models import KinesisBackend
         backend = KinesisBackend("us-east-1", "123456789012")
         a = list(backend.create_stream("a", 2).shards.values())
@@ -409,7 +409,7 @@ def test_shard_locks_are_per_shard() -> None:
 def test_patch_refuses_changed_moto_internals() -> None:
     from moto.kinesis import models
 
-    from kinesis_actors.emulator import _check_moto_shape
+    from kinesis_actors.emulator.patches import check_moto_shape
 
     def put_record(self: Any, partition_key: str, data: str, explicit_hash_key: str, extra: Any = None) -> str:
         raise NotImplementedError
@@ -419,8 +419,8 @@ def test_patch_refuses_changed_moto_internals() -> None:
     ChangedShard = type("Shard", (), {**attrs, "put_record": put_record})
     fake = types.SimpleNamespace(Shard=ChangedShard, Record=models.Record, Stream=models.Stream)
     with pytest.raises(MotoPatchError, match="put_record"):
-        _check_moto_shape(fake)
-    _check_moto_shape(models)  # the installed moto passes (this does not patch it)
+        check_moto_shape(fake)
+    check_moto_shape(models)  # the installed moto passes (this does not patch it)
 
 
 def test_dynamodb_conditional_writes_are_atomic(endpoint: str) -> None:
