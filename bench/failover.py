@@ -6,7 +6,7 @@ record into every shard every 0.1 s. The victim subscribes first with ``max_leas
 the survivor takes the rest. Measured, each from the moment of the event to the first
 batch the survivor's sink receives from one of the victim's shards:
 
-* ``crash``: ``Subscription._kill()`` (Coordinator and readers killed, no release);
+* ``crash``: ``Subscription.abort()`` (Coordinator and readers killed, no release);
 * ``close``: the victim's ``close()`` (checkpoint, release);
 * ``sigkill``: the victim runs in a child process (its own Ray job in our cluster) and
   is SIGKILLed;
@@ -321,7 +321,7 @@ def run(ctx: Any, res: Results) -> None:
     timing_note = (f"lease {t['lease_duration_s']:g} s, renew {t['renew_interval_s']:g} s, "
                    f"lease poll {t['lease_poll_interval_s']:g} s")
 
-    # (a) crash in the driver: Subscription._kill()
+    # (a) crash in the driver: Subscription.abort()
     stream, table, _, victim, survivor, pub = _pair(ctx, "crash")
     try:
         lost = victim.held()
@@ -331,13 +331,13 @@ def run(ctx: Any, res: Results) -> None:
         watcher = _RowWatcher(ctx, table, stream, lost, "victim-crash")
         time.sleep(0.5)
         t_kill = time.time()
-        victim.sub._kill()
+        victim.sub.abort()
         first, every = _await_takeover(ctx, survivor, t_kill, lost)
         _split(res, "crash", watcher, t_kill)
         ctx.log(f"  crash: first {first} s, every shard {every} s ({lost})")
         res.add("failover", "crash_to_survivor_first_record_s", first, "s", anchor="lease_duration_s + 2", anchor_value=bound,
                 goal=f"<= {bound:g} s", check=lambda v: v <= bound,
-                note=f"Subscription._kill() of the instance holding {len(lost)} shards; {timing_note}")
+                note=f"Subscription.abort() of the instance holding {len(lost)} shards; {timing_note}")
         res.add("failover", "crash_to_survivor_every_shard_s", every, "s", anchor="lease_duration_s + 2", anchor_value=bound)
     finally:
         pub.__exit__()

@@ -494,8 +494,12 @@ class Subscription:
         if self._error is not None:
             raise self._error
 
-    def _kill(self) -> None:
-        """Test and demo hook: stop as if the process crashed (no checkpoint, no release)."""
+    def abort(self) -> None:
+        """Stop as if this process had crashed, for failover drills and tests: the
+        Coordinator and its readers are killed at once; nothing more is acknowledged,
+        checkpointed or released. The leases stay with this owner id until they expire
+        (``lease_duration_s``), then other instances take them and re-deliver the batches
+        that were in flight (at-least-once). Idempotent; the subscription is closed after."""
         import ray
 
         with self._lock:

@@ -93,6 +93,28 @@ class Publisher:
         self._state = state
         self._max_attempts = max_attempts
 
+    @classmethod
+    def standalone(cls, stream: str, *, endpoint: str | None = None, region: str | None = None,
+                   test_credentials: bool = False, max_attempts: int = 10) -> Publisher:
+        """A publisher of its own, with no broker and no Ray (publishing needs no actors).
+
+        Args:
+            stream: the stream name.
+            endpoint: endpoint URL (an emulator), or None for AWS.
+            region: AWS region, or None for boto3's default chain.
+            test_credentials: fixed dummy keys, for emulators.
+            max_attempts: ``PutRecords`` calls per record before giving up.
+
+        Raises:
+            InvalidError: a malformed stream name or endpoint (before any AWS call).
+        """
+        from .aws import AwsSettings
+
+        if endpoint is not None and (not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://"))):
+            raise InvalidError(f"endpoint must be an http(s) URL, got {endpoint!r}")
+        aws = AwsSettings(endpoint=endpoint, region=region, test_credentials=bool(test_credentials))
+        return cls(stream, ConnectionState.detached(aws), max_attempts=max_attempts)
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_publisher, (self.stream, self._state.require(), self._max_attempts))
 

@@ -258,7 +258,7 @@ def test_killed_instance_shards_are_taken_after_expiry(
     c_shards = {sid for sid, owner in owners(table_of, stream).items() if owner == "c"}
     assert len(c_shards) == 2
     killed = time.monotonic()
-    subs.pop("c")._kill()
+    subs.pop("c").abort()
     taken_after, idle = watch_takeover(table_of, stream, c_shards, "c", killed)
     for sid, seconds in idle.items():
         assert seconds >= LEASE_S * 0.9, f"{sid} taken {seconds:.2f} s after c's last write: before the lease expired"
@@ -294,7 +294,7 @@ def test_skewed_wall_clocks_never_take_a_live_lease_and_take_a_dead_one(
         assert set(owners(a, stream).values()) == {"a"}, "a live lease was taken"
         time.sleep(POLL_S)
     killed = time.monotonic()
-    sub_a._kill()
+    sub_a.abort()
     _, idle = watch_takeover(a, stream, set(owners(a, stream)), "a", killed)
     for sid, seconds in idle.items():  # in time, judged on the takers' own clocks
         assert LEASE_S * 0.9 <= seconds <= LEASE_S + 4 * POLL_S + 3.0, (sid, seconds)

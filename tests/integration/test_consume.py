@@ -236,7 +236,7 @@ def test_reader_replaced_before_first_checkpoint_with_latest_loses_nothing(
     sent = publish(conn, stream, "after", 20)
     wait_until(lambda: ray.get(sink.call_count.remote()) >= 1, timeout_s=10)
     assert all(lease.checkpoint is None for lease in conn.lease_store.list(stream))
-    sub._kill()  # crash: readers and coordinator gone, nothing acknowledged
+    sub.abort()  # crash: readers and coordinator gone, nothing acknowledged
     conn2 = make_broker(lease_store=DynamoLeaseStore(f"leases-{unique}"), owner_id="l")  # same owner id
     sink2 = Collector.remote()
     sub2 = conn2.subscribe(KinesisStream(stream, **POLL), sink=sink2)

@@ -1,7 +1,7 @@
 """The main job end to end: `kinesis-actors demo` (and the small commands) run as subprocesses.
 
 Expected figures are computed here from flights.csv with the csv module, independently of
-`kinesis_actors.flights`. Each demo run starts its own emulator and its own local Ray
+`kinesis_actors.demo.flights`. Each demo run starts its own emulator and its own local Ray
 (`--ray-address local`), so it does not touch the test session's Ray.
 """
 

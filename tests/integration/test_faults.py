@@ -190,7 +190,7 @@ def test_kpl_aggregate_crash_after_part_of_it_was_acknowledged_resumes_inside_it
     store = lease_store(endpoint, table)
     wait_until(lambda: (row := store.get(stream, PARENT)).checkpoint == seqs["A"] and row.checkpoint_sub_sequence == 4,
                timeout_s=5, what="the checkpoint inside aggregate A (sub-sequence 4)")
-    sub._kill()  # crash with [A5 A6 A7] delivered but not acknowledged
+    sub.abort()  # crash with [A5 A6 A7] delivered but not acknowledged
     conn.shutdown()
 
     conn2 = make_broker(owner_id="k")

