@@ -6,7 +6,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: install demo test test-fast test-integration test-kinesalite test-notebooks test-cluster test-chaos bench clean
+.PHONY: install lint demo test test-fast test-integration test-kinesalite test-notebooks test-cluster test-chaos bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ install: $(VENV)/.installed
 
 demo: install
 	$(BIN)/kinesis-actors demo $(ARGS)
+
+lint: install  # ruff (pyproject.toml) and mypy (strict on leases, reader, Coordinator, kinesis)
+	$(BIN)/ruff check kinesis_actors tests bench
+	$(BIN)/mypy
 
 test-fast: install
 	$(BIN)/python -m pytest tests/unit tests/contract $(PYTEST_ARGS)
@@ -44,7 +48,7 @@ test-cluster: install  # cluster/: manifests offline; a real `ray start --head` 
 test-chaos: install  # tests/chaos: kill readers, Coordinators, nodes, drivers on a multi-node Ray cluster -> build/chaos.json
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
-test: install $(KINESALITE)/node_modules/.installed  # everything .ci/run runs: one pytest session, then the chaos suite's own
+test: install lint $(KINESALITE)/node_modules/.installed  # everything .ci/run runs: lint, one pytest session, then the chaos suite's own
 	KINESALITE_REQUIRED=1 $(BIN)/python -m pytest tests $(PYTEST_ARGS)
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 

@@ -375,7 +375,8 @@ class Subscription:
         if batch is None:
             self._raise_parked()
             return []
-        return batch
+        records: list[Record] = batch
+        return records
 
     def ack(self) -> None:
         """Acknowledge the batch last returned, now (its reader checkpoints it)."""
@@ -402,7 +403,8 @@ class Subscription:
         if batch is None:
             self._raise_parked()
             return []
-        return batch
+        records: list[Record] = batch
+        return records
 
     async def __aiter__(self) -> AsyncIterator[list[Record]]:
         while not self._closed:
@@ -455,7 +457,8 @@ class Subscription:
           readers_replaced, shards_rehomed, shards_ended, reader_start_failures and the
           handoff counters; target and live_instances of the balancing plan.
         """
-        return self._call("stats")
+        figures: dict[str, Any] = self._call("stats")
+        return figures
 
     def close(self, *, ack: bool = True) -> None:
         """Stop the readers, checkpoint what was acknowledged, release the leases.
@@ -577,4 +580,5 @@ class SeekHandle:
         sub = self._state.subscriptions.get(self.stream)
         if sub is None:
             return []
-        return sub._call("seek", start_at, shard_id)
+        moved: list[str] = sub._call("seek", start_at, shard_id)
+        return moved

@@ -130,7 +130,7 @@ def _read_jsonl(path: str, key: str) -> list[tuple[bytes, str]]:
                 continue
             try:
                 obj = json.loads(line)
-            except ValueError as exc:
+            except json.JSONDecodeError as exc:
                 raise CliError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
             if not isinstance(obj, dict) or obj.get(key) in (None, ""):
                 raise CliError(f"{path}:{lineno}: no value for the key field {key!r}")

@@ -146,8 +146,10 @@ class Target:
         """``AwsSettings`` for admin calls (``fast``: short timeouts, one attempt)."""
         from .aws import AwsSettings
 
-        extra = {"connect_timeout_s": 2.0, "read_timeout_s": 5.0, "max_attempts": 1} if fast else {}
-        return AwsSettings(endpoint=self.endpoint, region=self.region, test_credentials=self.test_credentials, **extra)
+        settings = AwsSettings(endpoint=self.endpoint, region=self.region, test_credentials=self.test_credentials)
+        if fast:
+            settings = dataclasses.replace(settings, connect_timeout_s=2.0, read_timeout_s=5.0, max_attempts=1)
+        return settings
 
     def describe(self) -> str:
         """Human-readable name of the target (no secrets)."""
@@ -175,9 +177,10 @@ def default_region() -> str | None:
     import boto3
 
     try:
-        return boto3.Session().region_name
+        region: str | None = boto3.Session().region_name
     except Exception:
         return None
+    return region
 
 
 def aws_call(what: str, fn: Callable[[], Any]) -> Any:
@@ -227,7 +230,11 @@ def install_sigterm() -> Callable[[], None]:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def undo() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return undo
 
 
 def one_line(text: str) -> str:

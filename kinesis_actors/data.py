@@ -207,7 +207,8 @@ class KinesisDatasource(_import_datasource_base()):  # type: ignore[misc]
                 yield from scan.blocks()
 
             metadata = BlockMetadata(num_rows=None, size_bytes=None,
-                                     input_files=[f"kinesis://{self.stream}/{shard.shard_id}"], exec_stats=None)
+                                     input_files=(f"kinesis://{self.stream}/{shard.shard_id}",),
+                                     exec_stats=None)
             tasks.append(ReadTask(read_fn, metadata, schema=RECORD_SCHEMA, per_task_row_limit=per_task_row_limit))
         return tasks
 

@@ -61,7 +61,7 @@ class KinesisError(Exception):
         return (_rebuild_error, (type(self), str(self), self.aws_code, self.retriable))
 
 
-def _rebuild_error(cls: type, message: str, aws_code: str | None, retriable: bool) -> KinesisError:
+def _rebuild_error(cls: type[KinesisError], message: str, aws_code: str | None, retriable: bool) -> KinesisError:
     return cls(message, aws_code=aws_code, retriable=retriable)
 
 

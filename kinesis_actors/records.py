@@ -49,7 +49,8 @@ class Record:
         sequence_number: its sequence number (decimal string); user records of one KPL
             aggregate share the aggregate's sequence number.
         sub_sequence_number: index of the user record inside a KPL aggregate, else None.
-        approximate_arrival_timestamp: when Kinesis accepted it (timezone-aware UTC).
+        approximate_arrival_timestamp: when Kinesis accepted it (timezone-aware UTC); AWS
+            always sets it (None only from an emulator that leaves it out).
         shard_id: the shard it was read from.
         stream: the stream name.
         explicit_hash_key: the explicit hash key inside a KPL aggregate, else None.
@@ -59,7 +60,7 @@ class Record:
     partition_key: str
     sequence_number: str
     sub_sequence_number: int | None
-    approximate_arrival_timestamp: _dt.datetime
+    approximate_arrival_timestamp: _dt.datetime | None
     shard_id: str
     stream: str
     explicit_hash_key: str | None = None
@@ -158,6 +159,7 @@ class StartAt:
         """Keyword arguments for boto3's ``get_shard_iterator`` (``ShardIteratorType`` and friends)."""
         args: dict[str, Any] = {"ShardIteratorType": self.kind}
         if self.kind == "AT_TIMESTAMP":
+            assert self.timestamp_ms is not None  # __post_init__ requires it for AT_TIMESTAMP
             args["Timestamp"] = _dt.datetime.fromtimestamp(self.timestamp_ms / 1000, tz=_dt.timezone.utc)
         elif self.sequence_number is not None:
             # Resuming inside a KPL aggregate re-reads the aggregate and skips the user records done.
@@ -192,18 +194,16 @@ class StartAt:
         return self.to_str()
 
 
-def _deaggregate(data: bytes) -> list[tuple[bytes, int | None, int | None]] | None:
-    """Split a KPL aggregate into ``(data, partition_key_index, explicit_hash_key_index)``.
-
-    Returns None when ``data`` is not a valid aggregate (no magic, bad MD5, bad protobuf).
-    """
+def _aggregate_body(data: bytes) -> bytes | None:
+    """The protobuf body of a KPL aggregate (between the magic and the MD5 trailer), or None
+    when ``data`` is not one (no magic, too short, bad MD5)."""
     if len(data) <= len(KPL_MAGIC) + _KPL_DIGEST or not data.startswith(KPL_MAGIC):
         return None
     body, digest = data[len(KPL_MAGIC) : -_KPL_DIGEST], data[-_KPL_DIGEST:]
     if hashlib.md5(body).digest() != digest:
         log.warning("KPL aggregate with a bad checksum: delivered as one plain record")
         return None
-    return body  # type: ignore[return-value]
+    return body
 
 
 def _parse_aggregate(body: bytes) -> Any | None:
@@ -239,7 +239,7 @@ def records_from_response(
         if isinstance(arrival, _dt.datetime) and arrival.tzinfo is None:
             arrival = arrival.replace(tzinfo=_dt.timezone.utc)
         seq = raw["SequenceNumber"]
-        body = _deaggregate(data) if data[:4] == KPL_MAGIC else None
+        body = _aggregate_body(data) if data[:4] == KPL_MAGIC else None
         message = _parse_aggregate(body) if body is not None else None
         if message is None:
             out.append(Record(data, raw["PartitionKey"], seq, None, arrival, shard_id, stream))

@@ -391,7 +391,7 @@ class FaultInjector:
             return self._error_response(request, fault.error)
 
         def after_call(parsed: dict[str, Any], model: Any, **_: Any) -> None:
-            _, shard = getattr(state.tls, "call", (None, None))
+            _operation, shard = getattr(state.tls, "call", (None, None))
             if model.name == "GetShardIterator":
                 state.note_iterator(parsed.get("ShardIterator"), shard)
             elif model.name == "GetRecords":
@@ -482,8 +482,9 @@ def client_error(code: str, operation: str = "GetRecords", status: int = 400) ->
     """A botocore ``ClientError`` with AWS error code ``code`` (as boto3 raises it)."""
     from botocore.exceptions import ClientError
 
-    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}},
-                       operation)
+    response: Any = {"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
+    error: Exception = ClientError(response, operation)
+    return error
 
 
 class FakeShard:
@@ -706,11 +707,13 @@ class LocalReader:
         await self._guard("stop", self.core.stop(shard_id, release=release, grace_s=grace_s))
 
     async def seek(self, shard_id: str, position: Any) -> bool:
-        return await self._guard("seek", self.core.seek(shard_id, position))
+        moved: bool = await self._guard("seek", self.core.seek(shard_id, position))
+        return moved
 
     async def stats(self) -> dict[str, Any]:
         self._check("stats")
-        return self.core.stats()
+        figures: dict[str, Any] = self.core.stats()
+        return figures
 
     def kill(self) -> None:
         """SIGKILL: cancel every consumer without writing; later calls raise ReaderGone."""

@@ -441,9 +441,8 @@ class FlightAggregatorImpl:
             ``records`` (with duplicates), ``distinct``, ``duplicates``, ``bytes``,
             ``batches``, ``elapsed_s`` (first to last batch, seconds).
         """
-        elapsed = (
-            (self.last_monotonic - self.first_monotonic) if self.first_monotonic is not None else 0.0
-        )  # fmt: skip
+        first, last = self.first_monotonic, self.last_monotonic
+        elapsed = last - first if first is not None and last is not None else 0.0
         return {
             "records": self.records,
             "distinct": self.aggregate.distinct,

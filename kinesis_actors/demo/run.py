@@ -155,7 +155,7 @@ class DemoRun:
         self._subscribe()
         self._await_leases()
         self._say("every shard has an owner; publishing")
-        consumer = _ConsumeWatcher(self.aggregator, total=len(self.events), progress=o.progress)
+        consumer = _ConsumeWatcher(self.aggregator, total=len(self.events), progress=bool(o.progress))
         consumer.start()
         try:
             self._publish()
@@ -180,7 +180,7 @@ class DemoRun:
         month = o.month if o.month is not None else (None if (o.limit is not None or o.full) else 1)
         try:
             events = iter_events(month=month, full=o.full, day=o.day, limit=o.limit)
-            items = []
+            items: list[tuple[int, bytes, str]] = []
             for event in events:
                 if not items:
                     self.first_day = f"{event['year']}-{event['month']:02d}-{event['day']:02d}"

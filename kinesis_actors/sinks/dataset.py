@@ -238,7 +238,8 @@ def _make_actor_class() -> Any:
         async def stats(self) -> dict[str, Any]:
             return self.core.stats()
 
-    return ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000)(DatasetSinkActor)
+    return ray.remote(num_cpus=0, max_restarts=0,  # type: ignore[call-overload]  # Ray types task options only
+                      max_concurrency=1000)(DatasetSinkActor)
 
 
 _ACTOR_CLASS: Any = None
@@ -324,7 +325,8 @@ class DatasetSink:
         ``batches_received``, ``last_error``, ``open_window_records``, ``windows_waiting``."""
         import ray
 
-        return ray.get(self._actor.stats.remote(), timeout=30)
+        stats: dict[str, Any] = ray.get(self._actor.stats.remote(), timeout=30)
+        return stats
 
     def close(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """Flush (``fn`` runs for what is open), then stop the actor. Idempotent.

@@ -104,5 +104,5 @@ def make_pull_queue() -> Any:
     """Create the pull-mode queue actor (``num_cpus=0``, async, owned by the caller)."""
     import ray
 
-    actor_cls = ray.remote(num_cpus=0, max_concurrency=10_000)(PullQueueCore)
+    actor_cls = ray.remote(num_cpus=0, max_concurrency=10_000)(PullQueueCore)  # type: ignore[call-overload]  # Ray types task options only
     return actor_cls.options(name=None).remote()
