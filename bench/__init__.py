@@ -12,7 +12,9 @@ and thread-per-shard drains, plus the ``peer`` async-kinesis from its own virtua
 ``latency`` (50 rec/s for 30 s, publish -> sink), ``memory`` (USS per ShardReader process
 of the pool at rest and under load, the Coordinator pass over 1,000 lease rows),
 ``failover`` (crash, close, process SIGKILL, SIGKILL of one pool reader -> its shards on
-live readers), ``demo`` (``kinesis-actors demo`` wall time split).
+live readers), ``scale`` (16 to 1,000 shards on one node: subscribe and delivery times, USS
+per shard, idle request rates, ``max_shards_per_reader`` 1 and a cap sweep, a DynamoDB lease
+table at 1,000), ``demo`` (``kinesis-actors demo`` wall time split).
 
 Every figure in ``results.json`` has ``name``, ``value``, ``unit``, ``anchor`` (what it is
 compared to), ``anchor_value``, ``ratio`` (value / anchor_value), ``goal`` and ``goal_met``.
