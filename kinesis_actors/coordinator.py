@@ -221,6 +221,7 @@ class CoordinatorCore:
         self._last_steal = float("-inf")
         self._presence_task: asyncio.Task[None] | None = None
         self._start_backoff_until = 0.0
+        self._last_read_s = 0.0  # how long the last lease-table read took
         self._start_failures_in_a_row = 0
         self._last_start_error: BaseException | None = None
         self._threads = concurrent.futures.ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="ka-coordinator")
@@ -293,11 +294,13 @@ class CoordinatorCore:
                     await self.sync_shards()
                 except Exception as e:
                     log.warning("%s: ListShards failed (%r); retrying next interval", cfg.name, e)
-            next_poll = now + cfg.lease_poll_interval_s
             try:
                 await self.poll_leases()
             except Exception as e:
                 log.warning("%s: lease poll failed (%r); retrying next interval", cfg.name, e)
+            # A table read that takes long (a big table on a slow store) spaces the polls out,
+            # so the Coordinator never spends more than half of the store's time reading it.
+            next_poll = now + max(cfg.lease_poll_interval_s, 2 * self._last_read_s)
             try:
                 self._upkeep()
             except Exception as e:
@@ -686,7 +689,9 @@ class CoordinatorCore:
         ``(opened, taken, why the others did not open)``. Without it (the control loop)
         the opens run in the background, so a slow reader never delays the next poll.
         """
+        read_at = self._clock()
         rows, live = await self._io(self._read_table)
+        self._last_read_s = self._clock() - read_at
         rows = self._this_incarnation(rows)
         coordinator_tick(self)  # metrics: lease figures, once per poll
         self._finished |= {sid for sid, row in rows.items() if row.finished}
@@ -862,15 +867,17 @@ class CoordinatorCore:
 
     # ------------------------------------------------------------------ queries and control
     async def stats(self) -> dict[str, Any]:
-        """Per-shard figures of the open consumers, per-reader figures, and this
-        instance's lease counts."""
+        """Per-shard figures of the shards this instance holds (the last figures its reader
+        gave when it does not answer now), per-reader figures (``unreachable`` set for a
+        reader that did not answer within 5 s), and this instance's lease counts."""
         readers: list[dict[str, Any]] = []
 
         async def one(reader: _Reader) -> None:
             assert reader.handle is not None
             try:
                 got = await asyncio.wait_for(reader.handle.stats(), 5.0)
-            except Exception:
+            except Exception as e:  # dead, or too busy to answer within 5 s: say so, keep its shards' last figures
+                readers.append({"reader": reader.id, "unreachable": repr(e)[:200], "shards": len(reader.shards)})
                 return
             readers.append({"reader": reader.id, **got["reader"]})
             for sid, figures in got["shards"].items():
@@ -878,6 +885,8 @@ class CoordinatorCore:
                                          "reader": reader.id}
 
         await asyncio.gather(*(one(r) for r in list(self._readers.values()) if r.ready))
+        for sid in [s for s in self._last_stats if s not in self._held]:
+            del self._last_stats[sid]  # ended, lost or handed over: not this instance's any more
         plan = self.last_plan
         return {"owner_id": self.owner_id, "stream": self.stream.name, "leases_held": len(self._held),
                 "target": plan.target if plan else None, "live_instances": list(plan.live) if plan else [],

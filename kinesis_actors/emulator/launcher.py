@@ -225,7 +225,7 @@ class Emulator:
         import urllib.request
 
         try:
-            with urllib.request.urlopen(self.endpoint + REQUESTS_PATH, timeout=10) as response:
+            with _DIRECT.open(self.endpoint + REQUESTS_PATH, timeout=10) as response:
                 return dict(json.loads(response.read())["by_operation"])
         except OSError as e:
             raise EmulatorError(f"emulator at {self.endpoint} did not report its requests: {e}") from e
