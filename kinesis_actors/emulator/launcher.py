@@ -222,8 +222,6 @@ class Emulator:
         Raises:
             EmulatorError: the server does not answer.
         """
-        import urllib.request
-
         try:
             with _DIRECT.open(self.endpoint + REQUESTS_PATH, timeout=10) as response:
                 return dict(json.loads(response.read())["by_operation"])
