@@ -33,6 +33,7 @@ from .console import (
     rate,
     resolve_target,
 )
+from .console import progress as progress_display
 from .leases.view import add_lag, print_lease_table, scan_lease_rows
 
 __all__ = ["main", "cli"]
@@ -159,8 +160,6 @@ def publish(stream: str, path: str, key: str, endpoint: str | None, region: str 
         raise CliError(f"--file {path!r}: no such file", EXIT_USAGE)
     items = _read_jsonl(path, key)
     target = resolve_target(endpoint, region, test_credentials)
-    from tqdm import tqdm
-
     from .publisher import Publisher
 
     publisher = Publisher.standalone(stream, endpoint=target.endpoint, region=target.region,
@@ -168,8 +167,7 @@ def publish(stream: str, path: str, key: str, endpoint: str | None, region: str 
 
     total_bytes = sum(len(d) for d, _ in items)
     started = time.monotonic()
-    with tqdm(total=len(items), desc="publish", unit="rec", file=sys.stderr, disable=not progress,
-              dynamic_ncols=True) as bar:  # fmt: skip
+    with progress_display(len(items), "publish", "rec", enabled=progress) as bar:
         for i in range(0, len(items), _PUT_CHUNK):
             chunk = items[i : i + _PUT_CHUNK]
             publisher.put_many(chunk)
@@ -187,7 +185,8 @@ def publish(stream: str, path: str, key: str, endpoint: str | None, region: str 
 @_test_credentials_option
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before creating resources in a real account.")
 @click.option("--keep", is_flag=True,
-              help="Keep the stream and lease table afterwards (not with the embedded emulator).")
+              help="Keep the stream and lease table afterwards; with the embedded emulator, keep it up "
+                   "until Ctrl-C and print the command that shows the lease table.")
 @click.option("--stream", default="flights", show_default=True, metavar="S", help="Stream to create (must not exist).")
 @click.option("--table", default=None, metavar="T", help="Lease table (default: flights-leases-<random>).")
 @click.option("--shards", type=click.IntRange(1, 64), default=4, show_default=True, help="Shards of the stream.")

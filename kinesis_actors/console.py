@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +25,8 @@ import click
 
 __all__ = ["PROG", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED", "CliError", "Target", "configure_ray_env",
            "start_ray", "resolve_target", "check_endpoint_url", "check_reachable", "check_service", "aws_call",
-           "console", "install_sigterm", "fmt_float", "rate", "one_line", "die", "describe_exception"]
+           "console", "install_sigterm", "progress", "terminal_columns", "fmt_float", "rate", "one_line", "die",
+           "describe_exception"]
 
 log = logging.getLogger("kinesis_actors.cli")
 
@@ -219,6 +221,57 @@ def console() -> Any:
     # Piped output is read by people and scripts: never squeeze tables into 80 columns.
     width = None if sys.stdout.isatty() else 200
     return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width)
+
+
+def terminal_columns() -> int:
+    """Columns of the terminal on stderr; 0 when stderr is not a terminal or reports no width
+    (some CI terminals do)."""
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns if sys.stderr.isatty() else 0
+    except (OSError, ValueError):
+        return 0
+
+
+class _Lines:
+    """tqdm's interface as plain lines on stderr: one every ``every_s`` seconds, and the last."""
+
+    def __init__(self, total: int, desc: str, unit: str, every_s: float = 5.0) -> None:
+        self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
+        self.n = 0
+        self.postfix = ""
+        self._last = time.monotonic()
+
+    def _line(self) -> None:
+        extra = f", {self.postfix}" if self.postfix else ""
+        click.echo(f"{self.desc}: {self.n}/{self.total} {self.unit}{extra}", err=True)
+        self._last = time.monotonic()
+
+    def update(self, n: int) -> None:
+        self.n += n
+        if time.monotonic() - self._last >= self.every_s:
+            self._line()
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        self.postfix = text
+
+    def __enter__(self) -> _Lines:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._line()
+
+
+def progress(total: int, desc: str, unit: str, *, enabled: bool, position: int = 0) -> Any:
+    """A progress display on stderr: a tqdm bar when ``enabled`` on a terminal with a width;
+    plain lines (every 5 s, and the last) when ``enabled`` but the terminal reports no
+    columns; nothing (tqdm disabled) otherwise. A context manager with ``update(n)`` and
+    ``set_postfix_str(text)``."""
+    from tqdm import tqdm
+
+    if enabled and terminal_columns() == 0:
+        return _Lines(total, desc, unit)
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not enabled, position=position,
+                dynamic_ncols=True, leave=True)
 
 
 def install_sigterm() -> Callable[[], None]:

@@ -406,6 +406,8 @@ class FlightAggregatorImpl:
         self.bytes = 0
         self.batches = 0
         self.by_shard: dict[str, int] = {}
+        # per shard: (epoch s, first sequence number, last sequence number, new events, duplicates)
+        self.deliveries: dict[str, list[tuple[float, str, str, int, int]]] = {}
         self.first_monotonic: float | None = None
         self.last_monotonic: float | None = None
 
@@ -432,7 +434,18 @@ class FlightAggregatorImpl:
                 new += 1
         self.records += len(records)
         self.batches += 1
+        if records:
+            first, last = records[0], records[-1]
+            shard = getattr(first, "shard_id", None) or "?"
+            self.deliveries.setdefault(shard, []).append(
+                (time.time(), str(getattr(first, "sequence_number", "")), str(getattr(last, "sequence_number", "")),
+                 new, len(records) - new))
         return new
+
+    def batches_after(self, epoch_s: float) -> dict[str, list[tuple[float, str, str, int, int]]]:
+        """Per shard, the batches received after ``epoch_s``: (epoch s, first sequence number,
+        last sequence number, new events, duplicates), in arrival order."""
+        return {shard: [b for b in batches if b[0] > epoch_s] for shard, batches in self.deliveries.items()}
 
     def progress(self) -> dict[str, Any]:
         """Cheap counters for progress bars.

@@ -35,6 +35,7 @@ from ..console import (
     console,
     fmt_float,
     install_sigterm,
+    progress,
     rate,
     resolve_target,
     start_ray,
@@ -94,6 +95,7 @@ class DemoRun:
         self.conns: list[Any] = []
         self.owner_ids: list[str] = []
         self.crashed: int | None = None
+        self.crash: dict[str, Any] = {}  # the failover's story: when, which shards, when taken
         self.aggregator: Any = None
         self.published = 0
         self.published_bytes = 0
@@ -166,7 +168,22 @@ class DemoRun:
         if ok:
             self._say(f"all {len(self.events)} events delivered")
         lagging = self._await_checkpoints() if ok else sorted(self.last_sequence)
-        return self._report(ok, lagging)
+        code = self._report(ok, lagging)
+        if o.keep and self.target is not None and self.target.embedded:
+            self._close_subscriptions()  # the table then shows the final checkpoints, every lease free
+            self._wait_for_ctrl_c()
+        return code
+
+    def _wait_for_ctrl_c(self) -> None:
+        """``--keep`` with the embedded emulator: keep it (and its tables) up until Ctrl-C or SIGTERM."""
+        assert self.target is not None
+        prog = sys.argv[0] if sys.argv and sys.argv[0].endswith(PROG) else PROG
+        click.echo(f"\nthe emulator stays up at {self.target.endpoint} until Ctrl-C; the lease table:\n"
+                   f"  {prog} leases --table {self.table} --endpoint {self.target.endpoint}\n", err=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            self._say("stopping the emulator")
 
     # -- steps
     def _load_events(self) -> list[tuple[int, bytes, str]]:
@@ -348,15 +365,12 @@ class DemoRun:
                 raise error
 
     def _publish(self) -> None:
-        from tqdm import tqdm
-
         o = self.opts
         publisher = self.conns[-1].publisher(o.stream)  # the last instance is never crashed
         items = [(data, key) for _, data, key in self.events]
         half = len(items) // 2
         self.t_first_put = time.monotonic()
-        with tqdm(total=len(items), desc="publish", unit="ev", file=sys.stderr, disable=not o.progress,
-                  position=0, dynamic_ncols=True, leave=True) as bar:  # fmt: skip
+        with progress(len(items), "publish", "ev", enabled=bool(o.progress), position=0) as bar:
             i = 0
             while i < len(items):
                 end = min(i + _PUT_CHUNK, len(items))
@@ -384,13 +398,33 @@ class DemoRun:
         held = {owner: sum(1 for r in rows if r["owner"] == owner) for owner in self.owner_ids}
         # Not the last instance: it is the catch-all that can take every orphaned shard.
         victim = max(range(len(self.owner_ids) - 1), key=lambda i: (held[self.owner_ids[i]], -i))
+        shards = sorted(r["shard_id"] for r in rows if r["owner"] == self.owner_ids[victim])
+        at = time.time()
         self.subs[victim].abort()
         self.crashed = victim
+        self.crash = {"at": at, "shards": shards, "owner": self.owner_ids[victim]}
         self.failover_note = (
             f"failover: crashed instance {victim + 1} ({self.owner_ids[victim]}) half-way, holding "
-            f"{held[self.owner_ids[victim]]} lease(s), without releasing them"
+            f"{len(shards)} lease(s) ({', '.join(shards)}), without releasing them"
         )
         self._say(self.failover_note)
+        threading.Thread(target=self._watch_takeover, name="takeover", daemon=True).start()
+
+    def _watch_takeover(self) -> None:
+        """Sample the lease table every 0.1 s until the crashed instance's rows have new owners."""
+        shards, victim = self.crash["shards"], self.crash["owner"]
+        deadline = time.time() + 10 * self.opts.lease_duration_s + 30
+        while time.time() < deadline and self.target is not None:
+            try:
+                rows = {r["shard_id"]: r["owner"] for r in self._lease_rows()}
+            except Exception:
+                rows = {}
+            owners = [rows.get(s) for s in shards]
+            if owners and all(o not in (None, victim) for o in owners):
+                self.crash["owned_at"] = time.time()
+                self.crash["new_owners"] = sorted({o for o in owners if o is not None})
+                return
+            time.sleep(0.1)
 
     def _await_delivery(self, consumer: _ConsumeWatcher) -> bool:
         o = self.opts
@@ -425,6 +459,37 @@ class DemoRun:
             if not behind or time.monotonic() > deadline:
                 return behind
             time.sleep(0.2)
+
+    def _report_failover(self, after: dict[str, list[tuple[float, str, str, int, int]]]) -> None:
+        """The failover's story: when the rows changed hands, when the shards delivered again,
+        which records came twice and why."""
+        o, out, crash = self.opts, self.out, self.crash
+        out.print(self.failover_note)
+        owned = crash.get("owned_at")
+        timing = (f"lease {o.lease_duration_s:g} s, renew {o.renew_interval_s:g} s, lease poll "
+                  f"{o.lease_poll_interval_s:g} s")
+        if owned is None:
+            out.print(f"  rows taken:    not seen within the watch ({timing})")
+        else:
+            by = ", ".join(crash["new_owners"])
+            out.print(f"  rows taken:    {owned - crash['at']:.2f} s after the crash by {by} "
+                      f"({timing}: a lease is taken once its counter stood still for a lease duration)")
+        firsts = {s: b[0][0] for s, b in after.items() if s in crash["shards"] and b}
+        if firsts:
+            shard = min(firsts, key=firsts.__getitem__)
+            out.print(f"  first record:  {firsts[shard] - crash['at']:.2f} s after the crash ({shard}); every shard of "
+                      f"the crashed instance delivering again {max(firsts.values()) - crash['at']:.2f} s after it")
+        dups = {s: [(first, last, d) for _, first, last, _, d in b if d] for s, b in after.items()}
+        dups = {s: v for s, v in dups.items() if v}
+        if not dups:
+            out.print("  duplicates:    none (no batch was delivered and not yet checkpointed at the crash)")
+            return
+        for shard, batches in sorted(dups.items()):
+            count = sum(d for _, _, d in batches)
+            spans = ", ".join(f"{first}-{last}" for first, last, _ in batches)
+            out.print(f"  duplicates:    {shard}: {count} records (sequence numbers {spans})")
+        out.print("                 the batches the crashed instance had delivered but not yet checkpointed; the "
+                  "survivor resumed after the last checkpoint and delivered them again (at-least-once)")
 
     def _close_subscriptions(self) -> None:
         subs, self.subs = self.subs, []
@@ -482,10 +547,10 @@ class DemoRun:
         out.print("  per shard (records delivered): "
                   + ", ".join(f"{k.rsplit('-', 1)[-1].lstrip('0') or '0'}={v}" for k, v in snap["by_shard"].items()))
         out.print()
-        print_lease_table(out, f"lease table {self.table} (stream {o.stream})", lease_rows, expiry=False)
+        print_lease_table(out, f"lease table {self.table} (stream {o.stream})", lease_rows, expiry=False,
+                          records=snap["by_shard"])
         if self.failover_note:
-            survivors = sorted({r["owner"] for r in lease_rows if r["owner"]})
-            out.print(self.failover_note + f"; shards now owned by: {', '.join(survivors) or 'nobody'}")
+            self._report_failover(ray.get(self.aggregator.batches_after.remote(self.crash["at"])))
         if lagging:
             out.print(f"checkpoints behind the last published record on: {', '.join(lagging)}")
         else:
@@ -557,10 +622,8 @@ class _ConsumeWatcher:
 
     def _loop(self) -> None:
         import ray
-        from tqdm import tqdm
 
-        with tqdm(total=self.total, desc="consume", unit="ev", file=sys.stderr, disable=not self.progress,
-                  position=1, dynamic_ncols=True, leave=True) as bar:  # fmt: skip
+        with progress(self.total, "consume", "ev", enabled=self.progress, position=1) as bar:
             while True:
                 stopping = self._stop.wait(self.poll_s)
                 try:

@@ -84,23 +84,30 @@ def add_lag(kinesis: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def print_lease_table(console: Any, title: str, rows: Sequence[dict[str, Any]], *, expiry: bool,
-                      streams: bool = False) -> None:
+                      streams: bool = False, records: dict[str, int] | None = None) -> None:
     """Print ``rows`` (from :func:`scan_lease_rows`) as a table on a ``rich`` console.
 
-    Columns: [stream], shard, owner (``free`` when nobody holds it), counter, checkpoint,
-    [expiry on the holder's clock, with its distance from this host's clock], [lag]."""
+    Columns: [stream], shard, owner (``free`` when nobody holds it), counter (the lease
+    counter: +1 on every take, renew and checkpoint), [records read, from ``records`` by
+    shard id], checkpoint (a sequence number, not a count), [expiry on the holder's
+    clock, with its distance from this host's clock], [lag]."""
     from rich import box
     from rich.table import Table
 
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", expand=False)
     lag = any("lag_ms" in r for r in rows)
-    for name in (["stream"] if streams else []) + ["shard", "owner", "counter", "checkpoint"] + (
-        ["expiry (holder's clock, UTC)"] if expiry else []
-    ) + (["lag (s)"] if lag else []):
-        table.add_column(name, justify="right" if name == "counter" else "left", overflow="fold")
+    columns = (["stream"] if streams else []) + ["shard", "owner", "lease counter"] + (
+        ["records read"] if records is not None else []) + ["checkpoint (sequence number)"] + (
+        ["expiry (holder's clock, UTC)"] if expiry else []) + (["lag (s)"] if lag else [])
+    for name in columns:
+        table.add_column(name, justify="right" if name in ("lease counter", "records read") else "left",
+                         overflow="fold")
     now_ms = time.time() * 1000
     for r in rows:
-        cells = [r["shard_id"], r["owner"] or "free", str(r["counter"]), r["checkpoint"] or "-"]
+        cells = [r["shard_id"], r["owner"] or "free", str(r["counter"])]
+        if records is not None:
+            cells.append(str(records.get(r["shard_id"], 0)))
+        cells.append(r["checkpoint"] or "-")
         if streams:
             cells.insert(0, r["stream"])
         if expiry:
