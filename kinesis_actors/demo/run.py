@@ -179,7 +179,8 @@ class DemoRun:
         assert self.target is not None
         prog = sys.argv[0] if sys.argv and sys.argv[0].endswith(PROG) else PROG
         click.echo(f"\nthe emulator stays up at {self.target.endpoint} until Ctrl-C; the lease table:\n"
-                   f"  {prog} leases --table {self.table} --endpoint {self.target.endpoint}\n", err=True)
+                   f"  {prog} leases --table {self.table} --stream {self.opts.stream} --endpoint "
+                   f"{self.target.endpoint}\n", err=True)
         try:
             threading.Event().wait()
         except KeyboardInterrupt:
@@ -472,8 +473,8 @@ class DemoRun:
             out.print(f"  rows taken:    not seen within the watch ({timing})")
         else:
             by = ", ".join(crash["new_owners"])
-            out.print(f"  rows taken:    {owned - crash['at']:.2f} s after the crash by {by} "
-                      f"({timing}: a lease is taken once its counter stood still for a lease duration)")
+            out.print(f"  rows taken:    {owned - crash['at']:.2f} s after the crash by {by}, table sampled every "
+                      f"0.1 s ({timing}: a lease is taken once its counter stood still for a lease duration)")
         firsts = {s: b[0][0] for s, b in after.items() if s in crash["shards"] and b}
         if firsts:
             shard = min(firsts, key=firsts.__getitem__)

@@ -17,6 +17,7 @@ from kinesis_actors import (
     DynamoLeaseStore,
     InvalidError,
     KinesisBroker,
+    KinesisError,
     KinesisStream,
     MemoryLeaseStore,
     NotConnectedError,
@@ -403,3 +404,19 @@ def test_bad_input(make_broker: Callable[..., KinesisBroker], unique: str) -> No
         pub.put(b"x", partition_key="k" * 257)
     with pytest.raises(StreamError):
         pub.put(b"x", partition_key="k")
+
+
+def test_an_endpoint_that_is_not_running_is_named_within_seconds(unique: str) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    broker = KinesisBroker(endpoint=f"http://127.0.0.1:{port}", region="us-east-1", test_credentials=True)
+    with broker.connect() as conn:
+        started = time.monotonic()
+        with pytest.raises(KinesisError) as err:
+            conn.subscribe(KinesisStream(f"orders-{unique}", start_at=StartAt.trim_horizon()), sink=None)
+        took = time.monotonic() - started
+    assert took < 15, f"{took:.1f} s"
+    assert f"http://127.0.0.1:{port}" in str(err.value) and "Connection refused" in str(err.value), err.value

@@ -140,6 +140,16 @@ def test_demo_failover_still_delivers_everything() -> None:
     assert len(rows) == 4
     owners = {r[1] for r in rows}
     assert len(owners) == 1 and owners != {m.group(1)} and next(iter(owners)).startswith("demo-2-"), rows
+    # the story: when the rows changed hands, when the shards delivered again, what came twice and why
+    taken = re.search(r"^  rows taken:\s+(\d+\.\d\d) s after the crash by (demo-2-[0-9a-f]{8})", out, re.MULTILINE)
+    first = re.search(r"^  first record:\s+(\d+\.\d\d) s after the crash \((shardId-\d{12})\)", out, re.MULTILINE)
+    assert taken and first, out
+    # the table is sampled every 0.1 s (each scan takes a moment too): "taken" is an upper bound
+    assert float(taken.group(1)) - 0.5 <= float(first.group(1)), "the survivor reads only what it took"
+    assert float(taken.group(1)) >= 2.0 * 0.9, "not before the 2 s lease could have lapsed"
+    dup = _count(out, "duplicates")
+    story = re.findall(r"^  duplicates:\s+(shardId-\d{12}): (\d+) records \(sequence numbers ", out, re.MULTILINE)
+    assert sum(int(n) for _, n in story) == dup if dup else "duplicates:    none" in out, out
     print(f"failover demo: {took:.1f} s")
 
 
@@ -253,3 +263,64 @@ def test_publish_and_leases_commands(endpoint: str, unique: str, tmp_path: Path)
     proc, _ = run_cli("leases", "--table", f"missing-{unique}", "--endpoint", endpoint, deadline_s=60)
     _assert_one_line_error(proc)
     assert f"missing-{unique}" in proc.stderr
+
+
+# --------------------------------------------------------------------------- the first hour
+
+
+@demo_timeout
+def test_the_readme_example_file_runs_and_ends_on_its_own() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
+    proc = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=DEMO_DEADLINE_S,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^read 10 of 10 records; leases held: 2$", proc.stdout, re.MULTILINE), proc.stdout
+    assert len(re.findall(r"^shardId-\d{12}  seq \d+  key customer-\d  order \d$", proc.stdout, re.MULTILINE)) == 10
+
+
+@demo_timeout
+def test_demo_keep_leaves_the_emulator_up_and_prints_a_leases_command_that_works() -> None:
+    env = dict(os.environ, KINESIS_ACTORS_DEBUG="")
+    demo = subprocess.Popen([*_command(), "demo", "--day", "2013-01-01", "--keep", "--no-progress",
+                             "--ray-address", "local"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, env=env)
+    try:
+        command = None
+        deadline = time.monotonic() + DEMO_DEADLINE_S
+        assert demo.stderr is not None
+        while command is None and time.monotonic() < deadline:
+            line = demo.stderr.readline()
+            if not line:
+                break
+            m = re.match(r"^  (\S*kinesis-actors) (leases --table \S+ --stream flights --endpoint "
+                         r"http://127\.0\.0\.1:\d+)$", line)
+            if m:
+                command = [m.group(1), *m.group(2).split()]
+        assert command is not None, "no leases command printed"
+        assert demo.poll() is None, "the demo waits (the emulator stays up)"
+        shown = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+        assert shown.returncode == 0, shown.stderr
+        rows = _lease_rows(shown.stdout)
+        assert len(rows) == 4 and all(r[1] == "free" for r in rows), shown.stdout  # closed: every lease released
+        assert "expiry (holder's clock" in shown.stdout
+        demo.send_signal(signal.SIGINT)
+        out, err = demo.communicate(timeout=60)
+        assert demo.returncode == 0, err
+        assert _count(out, "delivered") == 842
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.communicate(timeout=30)
+
+
+@pytest.mark.timeout(90)
+def test_leases_of_a_stream_with_no_rows_says_so_and_fails(endpoint: str, unique: str) -> None:
+    from kinesis_actors import DynamoLeaseStore
+
+    table = f"some-{unique}"
+    store = DynamoLeaseStore(table, create_if_missing=True, endpoint=endpoint, region="us-east-1",
+                             test_credentials=True)
+    store.take("orders", "shardId-000000000000", owner="a", duration_s=30.0)
+    proc, _ = run_cli("leases", "--table", table, "--stream", "nope", "--endpoint", endpoint, deadline_s=60)
+    _assert_one_line_error(proc)
+    assert f"lease table {table!r} has no rows of stream 'nope'" in proc.stderr
