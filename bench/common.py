@@ -152,7 +152,7 @@ def machine() -> dict[str, Any]:
     for mod in ("ray", "boto3", "botocore", "moto"):
         try:
             info[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     return info
 
@@ -178,8 +178,8 @@ def psutil_mod() -> Any:
     try:
         import psutil
     except ImportError:
-        import ray  # noqa: F401  (adds ray/thirdparty_files to sys.path)
         import psutil
+        import ray  # noqa: F401  (adds ray/thirdparty_files to sys.path)
     return psutil
 
 
@@ -206,7 +206,7 @@ def proc_title(p: Any) -> str:
     try:
         cmd = p.cmdline()
         return cmd[0] if cmd else p.name()
-    except Exception:  # noqa: BLE001
+    except Exception:
         return ""
 
 
@@ -222,7 +222,7 @@ def cpu_snapshot(procs: Iterable[Any]) -> dict[int, tuple[float, float, str]]:
         try:
             t = p.cpu_times()
             snap[p.pid] = (p.create_time(), t.user + t.system, proc_title(p))
-        except Exception:  # noqa: BLE001 - gone meanwhile
+        except Exception:
             pass
     return snap
 
@@ -233,7 +233,7 @@ def cpu_delta(before: dict[int, tuple[float, float, str]], after: dict[int, tupl
     for pid, (created, cpu, title) in after.items():
         b = before.get(pid)
         base = b[1] if b is not None and abs(b[0] - created) < 1e-3 else 0.0
-        if title.startswith("ray::"):
+        if title.startswith("ray::"):  # noqa: SIM108 (two cases, each with its example)
             key = title.split(".")[0].split(" ")[0]  # ray::ShardReader.events -> ray::ShardReader
         else:
             key = os.path.basename(title.split(" ")[0]) or "?"  # /x/.venv/bin/python -> python
@@ -246,7 +246,7 @@ def uss_mib(p: Any) -> tuple[float, float] | None:
     try:
         m = p.memory_full_info()
         return m.uss / 2**20, m.rss / 2**20
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 
@@ -264,7 +264,7 @@ def uss_of_pids(pids: Iterable[int]) -> dict[int, float]:
     for pid in pids:
         try:
             m = uss_mib(psutil.Process(pid))
-        except Exception:  # noqa: BLE001 - gone
+        except Exception:
             m = None
         if m is not None:
             out[pid] = m[0]
@@ -293,7 +293,7 @@ class UssSampler:
             self.samples += 1
         self.cpu_s = time.thread_time() - t0
 
-    def __enter__(self) -> "UssSampler":
+    def __enter__(self) -> UssSampler:
         self._thread.start()
         return self
 
@@ -353,7 +353,7 @@ def prefill(endpoint: str, stream: str, shards: Sequence[dict[str, Any]], per_sh
     keys = hash_keys(shards)
     jobs: list[list[dict[str, Any]]] = []
     n = 0
-    for sid, ehk in keys.items():
+    for ehk in keys.values():
         for start in range(0, per_shard, 500):
             chunk = []
             for _ in range(min(500, per_shard - start)):

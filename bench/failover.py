@@ -58,11 +58,11 @@ class _Publisher:
             try:
                 self.k.put_records(StreamName=self.stream, Records=entries)
                 self.n += len(entries)
-            except Exception:  # noqa: BLE001 - keep publishing
+            except Exception:
                 pass
             self.stop.wait(max(0.0, t + self.period_s - time.monotonic()))
 
-    def __enter__(self) -> "_Publisher":
+    def __enter__(self) -> _Publisher:
         self.thread.start()
         return self
 
@@ -111,7 +111,7 @@ class _Instance:
 
         try:
             self.sub.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         self.conn.shutdown()
         ray.kill(self.sink)
@@ -147,7 +147,7 @@ class _RowWatcher:
             for sid in self.shards:
                 try:
                     row = self.store.get(self.stream, sid)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     continue
                 if row is None:
                     continue
@@ -191,7 +191,7 @@ def _pool_whole(sub: Any, shards: list[str]) -> dict[str, Any] | None:
 
     try:
         st = sub.stats()
-    except Exception:  # noqa: BLE001 - the Coordinator is busy: ask again
+    except Exception:
         return None
     live = {r["pid"] for r in st["readers"]}
     on_live = all(st["shards"].get(sid, {}).get("pid") in live and st["shards"][sid].get("state") == "processing"
@@ -254,7 +254,7 @@ def _reader_sigkills(ctx: Any, res: Results) -> None:
                 os.kill(victim["pid"], signal.SIGKILL)
                 seen: dict[str, float] = {}
 
-                def every_shard_back() -> bool:
+                def every_shard_back(seen: dict[str, float] = seen, t_kill: float = t_kill, held: list[str] = held) -> bool:
                     seen.update(inst.sink_fresh(t_kill, held))
                     return len(seen) == len(held)
 
@@ -266,7 +266,7 @@ def _reader_sigkills(ctx: Any, res: Results) -> None:
                 for pid in new_pids:
                     try:
                         created[pid] = psutil.Process(pid).create_time()
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         pass
                 last = max(got.values()) if len(got) == len(held) else None
                 delivering = {sid: after.get("shards", {}).get(sid, {}).get("pid") for sid in held}

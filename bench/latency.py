@@ -100,7 +100,8 @@ def run(ctx: Any, res: Results) -> None:
             check=lambda v: v >= n)
     for q, bound in ((50, 250.0), (95, None), (99, 600.0)):
         raw_q = percentile(raw_ms, q)
-        res.add("latency", f"raw_poll_p{q}_ms", raw_q, "ms", note="boto3 poller per shard, GetRecords every 0.2 s" if q == 50 else None)
+        res.add("latency", f"raw_poll_p{q}_ms", raw_q, "ms",
+                note="boto3 poller per shard, GetRecords every 0.2 s" if q == 50 else None)
         res.add("latency", f"product_p{q}_ms", percentile(ms, q), "ms", anchor=f"raw_poll_p{q}_ms", anchor_value=raw_q,
                 goal=None if bound is None else f"<= {bound:.0f} ms",
                 check=None if bound is None else (lambda v, b=bound: v <= b))

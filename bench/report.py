@@ -10,7 +10,6 @@ import sys
 
 from .common import fmt
 
-
 KEY = (
     "raw_single_records_per_s", "raw_threads_records_per_s", "product_records_per_s", "product_records_per_s_vs_threads",
     "product_mb_per_s", "product_e2e_records_per_s", "raw_single_cpu_s_per_mb", "product_cpu_s_per_mb",
@@ -20,7 +19,8 @@ KEY = (
     "crash_to_survivor_first_record_s", "crash_survivor_take_s", "sigkill_to_survivor_first_record_s",
     "sigkill_survivor_take_s", "close_to_other_reading_s", "close_survivor_take_s",
     "reader_sigkill_to_shards_delivering_s", "reader_sigkill_read_on_by_pool_readers", "ray_actor_start_s",
-    "idle_actor_uss_mib", "reader_uss_at_rest_mib", "readers_uss_at_rest_total_mib", "raw_drain_process_uss_peak_mib", "reader_uss_under_load_mib",
+    "idle_actor_uss_mib", "reader_uss_at_rest_mib", "readers_uss_at_rest_total_mib", "raw_drain_process_uss_peak_mib",
+    "reader_uss_under_load_mib",
     "reader_uss_under_load_max_records_1000_mib", "coordinator_pass_s", "coordinator_pass_dynamodb_calls",
     *(f"scale_{n}_{k}" for n in (16, 64, 256, 1000) for k in (
         "subscribe_s", "all_delivered_s", "delivered_distinct", "leases_lost", "processes", "readers_uss_mib",

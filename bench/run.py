@@ -10,8 +10,8 @@ for _name, _value in (("RAY_AUTH_MODE", "disabled"), ("RAY_USAGE_STATS_ENABLED",
     os.environ.setdefault(_name, _value)
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import dataclasses  # noqa: E402
+import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -94,7 +94,7 @@ def ensure_peer(ctx: Ctx, venv: str) -> None:
             ctx.peer_error = f"{PEER_PACKAGE} installed but does not import: {check.stderr.strip()[-300:]}"
             return
         ctx.peer_python = py
-    except Exception as e:  # noqa: BLE001 - recorded in results.json
+    except Exception as e:  # recorded in results.json
         ctx.peer_error = f"could not set up {venv}: {e!r:.300}"
 
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         t = time.monotonic()
         try:
             fn(ctx, res)
-        except Exception as e:  # noqa: BLE001 - one broken section does not hide the others
+        except Exception as e:  # one broken section does not hide the others
             res.errors[name] = f"{type(e).__name__}: {e}"[:1000]
             ctx.log(f"{name} FAILED: {e!r}")
             traceback.print_exc()
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                     ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False,
                              log_to_driver=False, _node_ip_address="127.0.0.1")
                     break
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     if attempt == 3:
                         raise
                     ctx.log(f"ray.init failed ({e!r:.120}); retrying")

@@ -46,8 +46,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .common import (REGION, Results, client, cpu_delta, cpu_snapshot, list_shards, pool_pids, psutil_mod, ray_tree,
-                     uss_of_pids)
+from .common import REGION, Results, client, cpu_delta, cpu_snapshot, list_shards, pool_pids, psutil_mod, ray_tree, uss_of_pids
 
 GIB_MIB = 1024.0
 
@@ -207,7 +206,7 @@ def _one(ctx: Any, n: int, *, cap: int | None = None, dynamo: tuple[float, float
         shards = list_shards(emu.endpoint, stream)
         if len(shards) != n:
             raise RuntimeError(f"the emulator listed {len(shards)} shards, not {n}")
-        published, fill_s = _fill(emu.endpoint, stream, shards, per_shard, size)
+        published, _fill_s = _fill(emu.endpoint, stream, shards, per_shard, size)
         out.update(published=published, create_and_fill_s=time.perf_counter() - t)
         if probe:
             out["probe_update_item_per_s"], out["probe_emulator_cpu_share"] = _probe_update_item(
@@ -231,7 +230,7 @@ def _one(ctx: Any, n: int, *, cap: int | None = None, dynamo: tuple[float, float
         t0 = time.time()
         try:
             sub = conn.subscribe(cfg, sink=sink, start_timeout_s=timeout_s)
-        except Exception as e:  # noqa: BLE001 - StartError and friends: this run's result
+        except Exception as e:
             out["error"] = f"subscribe() after {time.time() - t0:.1f} s: {type(e).__name__}: {e}"[:600]
             return out
         out["subscribe_s"] = time.time() - t0
@@ -274,19 +273,19 @@ def _one(ctx: Any, n: int, *, cap: int | None = None, dynamo: tuple[float, float
         out["close_s"] = time.time() - t
         sub = None
         return out
-    except Exception as e:  # noqa: BLE001 - recorded, the next run goes on
+    except Exception as e:
         out["error"] = f"{type(e).__name__}: {e}"[:600]
         return out
     finally:
         if sub is not None:
             try:
                 sub.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         if conn is not None:
             try:
                 conn.shutdown()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         if sink is not None:
             ray.kill(sink)
@@ -398,7 +397,7 @@ def _add_dynamo(res: Results, r: dict[str, Any], default: dict[str, Any] | None)
     lab, n = _label(r), r["n"]
     if _failed(res, r):
         return
-    lease, renew = r["dynamo"]
+    _lease, renew = r["dynamo"]
     desc = _describe(r)
     res.add("scale", f"{lab}_leases_lost", r["leases_lost"], "leases", goal="0", check=lambda v: v == 0,
             note=f"{desc}; stats() after {r['idle']['wall_s']:.0f} s idle; readers replaced {r['readers_replaced']}, "

@@ -30,8 +30,23 @@ import time
 import uuid
 from typing import Any
 
-from .common import (CREDENTIALS, REGION, Results, UssSampler, client, cpu_delta, cpu_snapshot, create_stream, median,
-                     pool_pids, prefill, psutil_mod, ray_tree, steady_rate, wait_for)
+from .common import (
+    CREDENTIALS,
+    REGION,
+    Results,
+    UssSampler,
+    client,
+    cpu_delta,
+    cpu_snapshot,
+    create_stream,
+    median,
+    pool_pids,
+    prefill,
+    psutil_mod,
+    ray_tree,
+    steady_rate,
+    wait_for,
+)
 
 MB = 1e6
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -154,7 +169,7 @@ def product(ctx: Any, stream: str, expect: int, sample_uss: bool, max_records: i
     summary = ray.get(sink.summary.remote())
     try:
         stats = sub.stats()
-    except Exception:  # noqa: BLE001
+    except Exception:
         stats = {}
     sub.close()
     conn.shutdown()
@@ -292,7 +307,7 @@ def run(ctx: Any, res: Results) -> None:
     ctx.uss_under_load_all = runs["product"][-1]["uss_peak"]
     try:
         ctx.raw_uss = raw_memory(ctx, stream, shard_ids[0], per_shard)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         res.note(f"raw memory anchor failed: {e!r:.200}")
     # The knob that bounds a reader's memory: GetRecords Limit (max_records) 1,000 instead of 10,000.
     small = product(ctx, stream, expect, sample_uss=True, max_records=1000)
@@ -309,7 +324,7 @@ def run(ctx: Any, res: Results) -> None:
             return
         try:
             pr = peer(ctx, stream, expect)
-        except Exception as e:  # noqa: BLE001 - recorded honestly
+        except Exception as e:
             res.errors["peer"] = repr(e)[:500]
             res.add("peer", "peer_records_per_s", None, "rec/s", note=f"async-kinesis 3.0.1 failed: {e!r:.300}")
             return
@@ -324,5 +339,6 @@ def run(ctx: Any, res: Results) -> None:
                 anchor_value=single_e2e, note="from Consumer creation to the last record")
         res.add("peer", "peer_cpu_s_per_mb", pr["cpu_per_mb"], "CPU s/MB", anchor="raw_single_cpu_s_per_mb", anchor_value=single_cpu,
                 note="process CPU time of the peer while reading")
-        res.add("peer", "product_vs_peer_cpu_s_per_mb", prod_cpu, "CPU s/MB", anchor="peer_cpu_s_per_mb", anchor_value=pr["cpu_per_mb"])
+        res.add("peer", "product_vs_peer_cpu_s_per_mb", prod_cpu, "CPU s/MB",
+                anchor="peer_cpu_s_per_mb", anchor_value=pr["cpu_per_mb"])
 
