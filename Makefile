@@ -1,4 +1,5 @@
 # Two commands for a fresh machine (see README):  make demo   /   make test
+# Each target installs the extra it needs into .venv: demo -> [demo], notebooks -> [notebooks], the rest -> [test].
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -6,20 +7,25 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: install lint demo test test-fast test-integration test-kinesalite test-notebooks test-cluster test-chaos bench clean
+.PHONY: install lint demo notebooks test test-fast test-integration test-kinesalite test-notebooks test-cluster test-chaos bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/activate
-	$(BIN)/pip install -q -e ".[test]"
+$(VENV)/.installed-%: pyproject.toml | $(BIN)/activate
+	$(BIN)/pip install -q -e ".[$*]"
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed-test
 
-demo: install
+demo: $(VENV)/.installed-demo
 	$(BIN)/kinesis-actors demo $(ARGS)
+
+# JupyterLab on 127.0.0.1 over notebooks/ (prints its URL with a token); NOTEBOOK_ARGS=--no-browser on a remote machine.
+# As root (containers, CI) Jupyter refuses to start without --allow-root.
+notebooks: $(VENV)/.installed-notebooks
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(NOTEBOOK_ARGS)
 
 lint: install  # ruff (pyproject.toml) and mypy (strict on leases, reader, Coordinator, kinesis)
 	$(BIN)/ruff check kinesis_actors tests bench
