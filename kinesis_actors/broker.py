@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
@@ -123,6 +124,28 @@ class KinesisBroker:
     def lease_store(self) -> LeaseStore | None:
         """The lease store in use (built by ``connect()`` unless given)."""
         return self._state_extra.get("store", self._lease_store)
+
+    def inject_faults(self, injector: Any) -> KinesisBroker:
+        """Route every Kinesis call of this broker's clients through a test fault injector.
+
+        For tests: ``kinesis_actors.testing.with_faults`` is the entry point. Every
+        Kinesis client built from this broker's settings (the driver's, the
+        Coordinator's, each ShardReader's) carries the injector's botocore hooks.
+
+        Args:
+            injector: a ``kinesis_actors.testing.FaultInjector`` (picklable), or None to
+                remove one.
+
+        Returns:
+            self.
+
+        Raises:
+            InvalidError: the broker is already connected (the settings are fixed then).
+        """
+        if self._state.aws is not None:
+            raise InvalidError("inject_faults() must be called before connect()")
+        self._aws = dataclasses.replace(self._aws, faults=injector)
+        return self
 
     def connect(self) -> KinesisBroker:
         """Build the settings, the lease store and the owner id; start Ray if it is not running.

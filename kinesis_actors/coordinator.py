@@ -984,13 +984,12 @@ def _make_ray_actor() -> Any:
         def __init__(self, stream: KinesisStream, aws: AwsSettings, store: LeaseStore, owner_id: str,
                      lease_duration_s: float, renew_interval_s: float, sink: Sink | None, pull_queue: Any) -> None:
             logging.basicConfig(level=logging.INFO)
-            # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads,
-            # never on the event loop; Ray's once-per-process warning does not apply.
-            import ray._private.worker as _ray_worker
+            # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads, never on the
+            # event loop: Ray's warning about a blocking ray.get in an async actor does not apply. Ray reads
+            # this switch at each ray.get.
+            os.environ["RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"] = "0"
 
             from .reader import kinesis_call_timeout_s
-
-            _ray_worker.blocking_get_inside_async_warned = True
             from .sinks import ActorSink
 
             options = stream.actor_options()

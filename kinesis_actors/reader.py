@@ -1167,11 +1167,10 @@ def _make_ray_actor() -> Any:
         def __init__(self, store: LeaseStore, sink: Sink, aws: AwsSettings, call_timeout_s: float,
                      max_buffered_bytes: int, threads: int = DEFAULT_THREADS) -> None:
             logging.basicConfig(level=logging.INFO)
-            # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads of
-            # ReaderIo, never on the event loop; Ray's once-per-process warning does not apply.
-            import ray._private.worker as _ray_worker
-
-            _ray_worker.blocking_get_inside_async_warned = True
+            # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads, never on the
+            # event loop: Ray's warning about a blocking ray.get in an async actor does not apply. Ray reads
+            # this switch at each ray.get.
+            os.environ["RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"] = "0"
             # Every attempt is the loop's own (paced, <= 5/s): no botocore retries. Each call
             # times out well within the lease, so only a truly stuck loop lets it lapse.
             settings = dataclasses.replace(aws, connect_timeout_s=min(aws.connect_timeout_s, call_timeout_s))

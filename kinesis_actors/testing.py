@@ -464,16 +464,19 @@ def with_faults(broker: Any, injector: FaultInjector | None, *, lease_store: boo
         ValueError: the broker is already connected, or ``lease_store=True`` without a
         ``DynamoLeaseStore``.
     """
-    if broker._state.aws is not None:
-        raise ValueError("with_faults() must be applied before connect()")
-    broker._aws = dataclasses.replace(broker._aws, faults=injector)
+    from .errors import InvalidError
+
+    try:
+        broker.inject_faults(injector)
+    except InvalidError as e:
+        raise ValueError("with_faults() must be applied before connect()") from e
     if lease_store:
         from .leases.dynamodb import DynamoLeaseStore
 
-        store = broker._lease_store
+        store = broker.lease_store
         if not isinstance(store, DynamoLeaseStore):
             raise ValueError(f"with_faults(lease_store=True) needs a DynamoLeaseStore, got {store!r}")
-        store._faults = injector
+        store.inject_faults(injector)
     return broker
 
 

@@ -172,7 +172,7 @@ class DynamoLeaseStore(BaseLeaseStore):
         self._test_credentials = test_credentials
         self._session = session
         self._inherited: AwsSettings | None = None
-        self._faults: Any = None  # tests only: kinesis_actors.testing.with_faults(..., lease_store=True)
+        self._faults: Any = None  # set by inject_faults() (tests)
         self._scan_page_size = scan_page_size
         super().__init__(clock=clock, wall_clock=wall_clock)
 
@@ -231,6 +231,23 @@ class DynamoLeaseStore(BaseLeaseStore):
         other._inherited = aws
         return other
 
+    def inject_faults(self, injector: Any) -> DynamoLeaseStore:
+        """Route every DynamoDB call of this store's clients, in every process, through a test fault injector.
+
+        For tests: ``kinesis_actors.testing.with_faults(..., lease_store=True)`` is the
+        entry point. The injector travels with the store when it is pickled into
+        Coordinators and ShardReaders; rules with ``service="dynamodb"`` then reach the
+        lease table. Changes this store in place.
+
+        Args:
+            injector: a ``kinesis_actors.testing.FaultInjector``, or None to remove one.
+
+        Returns:
+            self.
+        """
+        self._faults = injector
+        return self
+
     def settings(self) -> AwsSettings:
         """The AWS settings in effect: explicit values, then the inherited ones.
 
@@ -249,7 +266,7 @@ class DynamoLeaseStore(BaseLeaseStore):
         merged = own if self._inherited is None else own.merged_over(self._inherited)
         if self._inherited is not None and (self._test_credentials is False or frozen is not None):
             merged = dataclasses.replace(merged, test_credentials=False)
-        if getattr(self, "_faults", None) is not None:
+        if self._faults is not None:
             merged = dataclasses.replace(merged, faults=self._faults)
         return merged
 
