@@ -27,10 +27,11 @@ class KinesaliteUnavailable(RuntimeError):
 class Kinesalite:
     """One kinesalite server process (in-memory, 127.0.0.1, any free port)."""
 
-    def __init__(self, process: subprocess.Popen[str], port: int, output: list[str]) -> None:
+    def __init__(self, process: subprocess.Popen[str], port: int, output: list[str], drain: threading.Thread) -> None:
         self.process = process
         self.port = port
         self.output = output
+        self._drain = drain
 
     @property
     def endpoint(self) -> str:
@@ -62,15 +63,18 @@ class Kinesalite:
                     ready.set()
             ready.set()
 
-        threading.Thread(target=drain, name="kinesalite-output", daemon=True).start()
+        drainer = threading.Thread(target=drain, name="kinesalite-output", daemon=True)
+        drainer.start()
         deadline = time.monotonic() + timeout_s
         while not ready.wait(0.05):
             if time.monotonic() > deadline:
                 break
         if not port:
-            process.kill()
+            server = cls(process, 0, output, drainer)
+            server.process.kill()
+            server.stop()
             raise KinesaliteUnavailable(f"kinesalite did not start within {timeout_s} s: {' | '.join(output[-5:])}")
-        return cls(process, port[0], output)
+        return cls(process, port[0], output, drainer)
 
     def exit_report(self) -> str | None:
         """None while the server runs; else its exit code and last output lines."""
@@ -80,7 +84,7 @@ class Kinesalite:
         return f"kinesalite exited with code {code}: " + " | ".join(self.output[-20:])
 
     def stop(self) -> None:
-        """Close the server's stdin (it exits), then kill it if it is still there after 5 s."""
+        """Close the server's stdin (it exits), then kill it if it is still there after 5 s; close its pipes."""
         try:
             if self.process.stdin is not None:
                 self.process.stdin.close()
@@ -88,3 +92,6 @@ class Kinesalite:
         except Exception:
             self.process.kill()
             self.process.wait(timeout=5)
+        self._drain.join(timeout=5)  # it reads to EOF, which the exit gives
+        if self.process.stdout is not None:
+            self.process.stdout.close()
