@@ -1176,10 +1176,7 @@ def _make_ray_actor() -> Any:
             settings = dataclasses.replace(aws, connect_timeout_s=min(aws.connect_timeout_s, call_timeout_s))
             kinesis = settings.client("kinesis", read_timeout_s=call_timeout_s, max_attempts=0,
                                       max_pool_connections=threads)
-            async def deliver(records: list[Record]) -> Any:
-                return await sink.deliver(records)
-
-            self.core = ShardReaderCore(store=store, deliver=deliver, kinesis=kinesis,
+            self.core = ShardReaderCore(store=store, deliver=sink.deliver, kinesis=kinesis,
                                         max_buffered_bytes=max_buffered_bytes,
                                         io=ReaderIo(kinesis_threads=threads, store_threads=threads))
             # Where this reader runs, for operators and chaos tests (``Subscription.stats()``).
