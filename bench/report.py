@@ -71,6 +71,7 @@ CHAOS_KEY = {
     "5_zombie_sigstop": ("zombie_reader_last_call_after_resume_s", "s until the zombie's readers stopped calling AWS"),
     "6_downstream_stall": ("longest_renewal_gap_s", "s longest gap between renewals"),
     "7_lease_table_unreachable": ("retaken_after_return_s", "s until every shard re-taken"),
+    "8_sigkill_reader_with_several_shards": ("shards_on_victim", "shards on the killed reader, re-homed onto the live one"),
 }
 
 CHAOS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chaos.json")  # the reference run
