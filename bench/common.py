@@ -179,7 +179,9 @@ def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     timings and load; other sections are kept as measured. ``merged_runs`` lists the runs merged in."""
     sections = set(new["params"].get("sections", []))
     out = dict(old)
-    out["figures"] = [f for f in old.get("figures", []) if f["section"] not in sections] + new["figures"]
+    order = list(dict.fromkeys([f["section"] for f in old.get("figures", [])] + [f["section"] for f in new["figures"]]))
+    figures = [f for f in old.get("figures", []) if f["section"] not in sections] + new["figures"]
+    out["figures"] = sorted(figures, key=lambda f: order.index(f["section"]))  # stable: each section in its place
     out["errors"] = {**{k: v for k, v in old.get("errors", {}).items() if k not in sections}, **new["errors"]}
     out["section_seconds"] = {**old.get("section_seconds", {}), **new["section_seconds"]}
     out["load_average_1min_at_section_start"] = {**old.get("load_average_1min_at_section_start", {}),

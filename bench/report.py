@@ -39,6 +39,9 @@ def markdown(data: dict, key_only: bool = False) -> str:
         f"Measured {data.get('date')} on {m.get('cores')} cores, {m.get('memory_gib')} GiB "
         f"(Python {m.get('python')}, Ray {m.get('ray')}, boto3 {m.get('boto3')}, moto {m.get('moto')}; "
         f"`python -m bench`{' --quick' if data.get('mode') == 'quick' else ''}, emulator: moto server).",
+        *(f"Sections {', '.join(r['params'].get('sections', []))} measured again {r['started_utc']}"
+          f"{' (--quick)' if r.get('mode') == 'quick' else ''} and merged in (`python -m bench --merge`)."
+          for r in data.get("merged_runs", [])),
         "",
         "Load average (1 min) of the shared machine when each section started: "
         + (", ".join(f"{k} {v:g}" for k, v in data.get("load_average_1min_at_section_start", {}).items()) or "not recorded")

@@ -46,3 +46,21 @@ def test_bench_peer_kcl_rs_quick(kclrs_venv: Path, tmp_path: Path) -> None:
         assert isinstance(figs[name]["value"], (int, float)) and figs[name]["value"] > 0, figs[name]
     assert figs["ours_start_to_first_record_s"]["anchor"] == "kclrs_seeded_start_to_first_record_s"
     assert "ours_start_to_first_record_s" in proc.stdout  # the printed table
+
+
+def test_merge_results_replaces_only_the_sections_run() -> None:
+    from bench.common import merge_results
+
+    def fig(section: str, name: str, value: float) -> dict:
+        return {"section": section, "name": name, "value": value}
+
+    old = {"figures": [fig("throughput", "a", 1), fig("latency", "b", 2)], "errors": {"throughput": "x"}, "notes": ["n"],
+           "section_seconds": {"throughput": 1, "latency": 2}, "load_average_1min_at_section_start": {"latency": 9}}
+    new = {"figures": [fig("peer_kcl_rs", "c", 3), fig("throughput", "a", 4)], "errors": {}, "notes": ["n", "m"],
+           "section_seconds": {"throughput": 5, "peer_kcl_rs": 6}, "load_average_1min_at_section_start": {"throughput": 1},
+           "params": {"sections": ["throughput", "peer_kcl_rs"]}, "started_utc": "t", "mode": "default", "machine": {}}
+    out = merge_results(old, new)
+    assert [(f["section"], f["value"]) for f in out["figures"]] == [("throughput", 4), ("latency", 2), ("peer_kcl_rs", 3)]
+    assert out["errors"] == {} and out["notes"] == ["n", "m"]
+    assert out["section_seconds"] == {"throughput": 5, "latency": 2, "peer_kcl_rs": 6}
+    assert out["merged_runs"][0]["started_utc"] == "t"
