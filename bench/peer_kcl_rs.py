@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -644,6 +645,7 @@ def _two_worker_figures(ctx: Any, res: Results, cw: str | None) -> None:
             ctx.log(f"  two-worker run of {who} failed: {e!r:.300}")
         finally:
             cleanup()
+            shutil.rmtree(tmp, ignore_errors=True)
     setting = {"kclrs": "kcl-rs matched settings (idle 200 ms, shard sync 1 s), leases pre-created; failover_time 10 s "
                         "(default, not settable), lease taker every 20 s, 1 steal per taker run",
                "ours": f"ours default settings: lease {t['lease_duration_s']:g} s, renew {t['renew_interval_s']:g} s, lease "
