@@ -36,7 +36,8 @@ before its first ``GetShardIterator``):
   of N shards x ``scale_per_shard`` x ``scale_record_bytes`` was read, after
   ``scale_settle_s``: kcl-rs's process (seeded), ours' Coordinator + reader pool (the ``scale``
   section's run, its own emulator), async-kinesis's process, a raw process with one boto3
-  thread per shard polling at the tip.
+  thread per shard polling at the tip. One after another, or all at once with
+  ``kclrs_memory_side_by_side`` (``--quick``, to stay short).
 * two workers of one application on ``kclrs_balance_shards`` shards while a publisher puts one
   record into every shard every 0.1 s (kcl-rs ``matched``, seeded; ours default settings, a
   ``DynamoLeaseStore``, each worker its own Ray job ``_ours_worker.py`` delivering into its own
@@ -417,22 +418,51 @@ def _memory(ctx: Any, res: Results, cw: str | None) -> None:
     settle = p["scale_settle_s"]
     per_shard, size = p["scale_per_shard"], p["scale_record_bytes"]
     shape = f"{per_shard} x {size} B per shard, all read, then {settle:g} s at the tip"
+    peer_env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}
+    peer_env.pop("PYTHONPATH", None)
     for n in p["kclrs_memory_sizes"]:
         stream = f"pk-mem-{n}-{uuid.uuid4().hex[:6]}"
         shards = create_stream(ctx.endpoint, stream, n)
         expect, _, _ = prefill(ctx.endpoint, stream, shards, per_shard, size)
+        jobs: dict[str, tuple[list[str], dict[str, str], Callable[[str], bool], str]] = {}
         if cw is not None:
             app = f"kclrs-mem-{uuid.uuid4().hex[:6]}"
             seed_kcl_leases(ctx.endpoint, stream, app)
-            cmd = [ctx.kclrs_python, os.path.join(HERE, "_kclrs_worker.py"), "--stream", stream, "--app", app,
-                   "--worker-id", f"{app}-w", "--settings", json.dumps(SETTINGS["seeded"]), "--expect", str(expect)]
+            jobs["kclrs"] = ([ctx.kclrs_python, os.path.join(HERE, "_kclrs_worker.py"), "--stream", stream, "--app", app,
+                              "--worker-id", f"{app}-w", "--settings", json.dumps(SETTINGS["seeded"]), "--expect", str(expect)],
+                             _kcl_env(ctx, cw), lambda ln: '"event": "reached"' in ln,
+                             "kcl-rs process, seeded, matched settings")
+        if ctx.peer_python:
+            jobs["async_kinesis"] = ([ctx.peer_python, os.path.join(HERE, "_peer_consume.py"), "--endpoint", ctx.endpoint,
+                                      "--stream", stream, "--expect", str(expect), "--hold"],
+                                     peer_env, lambda ln: '"event": "reached"' in ln, "async-kinesis process")
+        jobs["raw"] = ([sys.executable, os.path.join(HERE, "_raw_hold.py"), ctx.endpoint, stream, str(expect)],
+                       dict(os.environ), lambda ln: ln.startswith("REACHED"),
+                       "plain boto3 process, one thread per shard polling every 0.25 s")
+        got: dict[str, Any] = {}
+
+        def measure(who: str, got: dict[str, Any] = got, jobs: dict[str, Any] = jobs) -> None:
+            cmd, env, ready, _ = jobs[who]
             try:
-                uss = _child_memory(cmd, _kcl_env(ctx, cw), lambda ln: '"event": "reached"' in ln, settle)
-                res.add(S, f"kclrs_uss_per_shard_{n}_mib", uss / n, "MiB",
-                        note=f"kcl-rs process USS {uss:.1f} MiB / {n} shards; seeded, matched settings; {shape}")
+                got[who] = _child_memory(cmd, env, ready, settle)
             except Exception as e:
-                res.note(f"{S}: kcl-rs memory at {n} shards failed: {e!r:.300}")
-        r = _one(ctx, n, idle_s=1.0)
+                got[who] = e
+
+        threads = [threading.Thread(target=measure, args=(who,), daemon=True) for who in jobs]
+        together = p["kclrs_memory_side_by_side"]  # --quick: the peers' processes and ours at the same time
+        for t in threads:
+            t.start()
+            if not together:
+                t.join()
+        r = _one(ctx, n, idle_s=settle)
+        for t in threads:
+            t.join()
+        for who, (_, _, _, what) in jobs.items():
+            v = got.get(who)
+            if isinstance(v, float):
+                res.add(S, f"{who}_uss_per_shard_{n}_mib", v / n, "MiB", note=f"{what}: USS {v:.1f} MiB / {n} shards; {shape}")
+            else:
+                res.note(f"{S}: {who} memory at {n} shards failed: {v!r:.300}")
         if r.get("error") or r.get("timeout") or not r.get("uss_total_mib"):
             res.note(f"{S}: ours memory at {n} shards failed: {r.get('error') or r.get('timeout')}")
         else:
@@ -442,25 +472,6 @@ def _memory(ctx: Any, res: Results, cw: str | None) -> None:
                     note=f"Coordinator + reader pool USS {r['uss_total_mib']:.0f} MiB ({r['readers']} readers, shards "
                          f"{r['layout']}) / {n}; the scale section's run (own emulator, MemoryLeaseStore); "
                          f"{r['per_shard']} x {size} B per shard; Ray's own processes not counted (see ours_ray_runtime_uss_mib)")
-        if ctx.peer_python:
-            env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                   "AWS_DEFAULT_REGION": REGION}
-            env.pop("PYTHONPATH", None)
-            cmd = [ctx.peer_python, os.path.join(HERE, "_peer_consume.py"), "--endpoint", ctx.endpoint, "--stream", stream,
-                   "--expect", str(expect), "--hold"]
-            try:
-                uss = _child_memory(cmd, env, lambda ln: '"event": "reached"' in ln, settle)
-                res.add(S, f"async_kinesis_uss_per_shard_{n}_mib", uss / n, "MiB",
-                        note=f"async-kinesis process USS {uss:.1f} MiB / {n}; {shape}")
-            except Exception as e:
-                res.note(f"{S}: async-kinesis memory at {n} shards failed: {e!r:.300}")
-        try:
-            uss = _child_memory([sys.executable, os.path.join(HERE, "_raw_hold.py"), ctx.endpoint, stream, str(expect)],
-                                dict(os.environ), lambda ln: ln.startswith("REACHED"), settle)
-            res.add(S, f"raw_uss_per_shard_{n}_mib", uss / n, "MiB",
-                    note=f"plain boto3 process, one thread per shard, USS {uss:.1f} MiB / {n}; {shape}")
-        except Exception as e:
-            res.note(f"{S}: raw memory at {n} shards failed: {e!r:.300}")
     # Ray's own processes (gcs_server, raylet, agents): a fixed cost per node of every Ray application
     procs = [q for q in ray_tree([ctx.emulator_pid]) if not proc_title(q).startswith("ray::")]
     total = sum(m[0] for m in (uss_mib(q) for q in procs) if m)

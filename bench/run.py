@@ -35,7 +35,7 @@ DEFAULT = {
     "scale_probe_s": 4.0,
     "demo_args": ["--month", "1"], "demo_timeout_s": 900,
     "kclrs_memory_sizes": [4, 64], "kclrs_default_cold": True, "kclrs_matched_cold": True, "kclrs_two_workers": True,
-    "kclrs_balance_shards": 8,
+    "kclrs_balance_shards": 8, "kclrs_memory_side_by_side": False,
 }
 QUICK = {
     "tp_records_per_shard": 500, "tp_record_bytes": 1024, "tp_reps": 1,
@@ -48,7 +48,7 @@ QUICK = {
     "scale_dynamo_timings": [], "scale_dynamo_window_s": 40.0, "scale_probe_threads": 16, "scale_probe_s": 4.0,
     "demo_args": ["--day", "2013-01-01"], "demo_timeout_s": 300,
     "kclrs_memory_sizes": [4], "kclrs_default_cold": False, "kclrs_matched_cold": False, "kclrs_two_workers": False,
-    "kclrs_balance_shards": 8,
+    "kclrs_balance_shards": 8, "kclrs_memory_side_by_side": True,
 }
 DEFAULT_TIMINGS = {"lease_duration_s": 10.0, "renew_interval_s": 3.0, "lease_poll_interval_s": 2.0}
 QUICK_TIMINGS = {"lease_duration_s": 2.0, "renew_interval_s": 0.5, "lease_poll_interval_s": 0.5}
