@@ -45,6 +45,8 @@ from ..publisher import MAX_REQUEST_RECORDS
 
 __all__ = ["DemoOptions", "DemoRun"]
 
+_TAKEOVER_SAMPLE_S = 0.1  # the failover watch samples the lease table this often
+
 log = logging.getLogger(__name__)
 
 
@@ -425,7 +427,7 @@ class DemoRun:
                 self.crash["owned_at"] = time.time()
                 self.crash["new_owners"] = sorted({o for o in owners if o is not None})
                 return
-            time.sleep(0.1)
+            time.sleep(_TAKEOVER_SAMPLE_S)
 
     def _await_delivery(self, consumer: _ConsumeWatcher) -> bool:
         o = self.opts
@@ -475,11 +477,24 @@ class DemoRun:
             by = ", ".join(crash["new_owners"])
             out.print(f"  rows taken:    {owned - crash['at']:.2f} s after the crash by {by}, table sampled every "
                       f"0.1 s ({timing}: a lease is taken once its counter stood still for a lease duration)")
-        firsts = {s: b[0][0] for s, b in after.items() if s in crash["shards"] and b}
+        # Batches the crashed instance's readers had sent before they were killed can reach the sink
+        # after the crash; the survivor's start once it owns the rows (the table is sampled every 0.1 s).
+        taken_from = None if owned is None else owned - _TAKEOVER_SAMPLE_S
+        mine = {s: b for s, b in after.items() if s in crash["shards"]}
+        dying = sum(1 for b in mine.values() for x in b if taken_from is not None and x[0] < taken_from)
+        if dying:
+            out.print(f"  in flight:     {dying} batch(es) the crashed instance had already sent reached the sink "
+                      "while its readers were being killed")
+        firsts: dict[str, float] = {}
+        for sid, sent in mine.items():
+            survivor = [x[0] for x in sent if taken_from is None or x[0] >= taken_from]
+            if survivor:
+                firsts[sid] = survivor[0]
         if firsts:
             shard = min(firsts, key=firsts.__getitem__)
-            out.print(f"  first record:  {firsts[shard] - crash['at']:.2f} s after the crash ({shard}); every shard of "
-                      f"the crashed instance delivering again {max(firsts.values()) - crash['at']:.2f} s after it")
+            every = max(firsts.values()) - crash["at"]
+            out.print(f"  first record:  {firsts[shard] - crash['at']:.2f} s after the crash ({shard}), from the "
+                      f"survivor; every shard of the crashed instance delivering again {every:.2f} s after it")
         dups = {s: [(first, last, d) for _, first, last, _, d in b if d] for s, b in after.items()}
         dups = {s: v for s, v in dups.items() if v}
         if not dups:
@@ -488,9 +503,10 @@ class DemoRun:
         for shard, batches in sorted(dups.items()):
             count = sum(d for _, _, d in batches)
             spans = ", ".join(f"{first}-{last}" for first, last, _ in batches)
-            out.print(f"  duplicates:    {shard}: {count} records (sequence numbers {spans})")
-        out.print("                 the batches the crashed instance had delivered but not yet checkpointed; the "
-                  "survivor resumed after the last checkpoint and delivered them again (at-least-once)")
+            out.print(f"  duplicates:    {shard}: {count} records came again, in the batch(es) of sequence "
+                      f"numbers {spans}")
+        out.print("                 they were delivered by the crashed instance after its last checkpoint; the "
+                  "survivor resumed after that checkpoint and delivered them again (at-least-once)")
 
     def _close_subscriptions(self) -> None:
         subs, self.subs = self.subs, []

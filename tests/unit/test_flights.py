@@ -198,3 +198,30 @@ def test_aggregator_body_consumes_records() -> None:
     assert snap["event_ids"] == sorted(e["event_id"] for e in events)
     assert sum(snap["by_shard"].values()) == 110
     assert sink.missing([e["event_id"] for e in events] + [10**6]) == (1, [10**6])
+
+
+def test_the_failover_story_counts_only_the_survivors_batches_as_its_first_record() -> None:
+    """Batches the crashed instance had sent reach the sink after the crash: they are told apart
+    (in flight), and "first record" is the survivor's first, after it owned the rows."""
+    import io
+    import types
+
+    from rich.console import Console
+
+    from kinesis_actors.demo.run import DemoRun
+
+    run = object.__new__(DemoRun)
+    run.opts = types.SimpleNamespace(lease_duration_s=3.0, renew_interval_s=1.0, lease_poll_interval_s=1.0)
+    buf = io.StringIO()
+    run.out = Console(file=buf, width=300)
+    at = 1000.0
+    run.crash = {"at": at, "shards": ["shardId-000000000000"], "owned_at": at + 4.4, "new_owners": ["demo-2-x"]}
+    run.failover_note = "failover: crashed instance 1"
+    run._report_failover({"shardId-000000000000": [
+        (at + 0.05, "2000", "2385", 386, 0),    # sent by the crashed instance before its readers were killed
+        (at + 4.9, "2386", "7477", 4823, 269),  # the survivor, from the last checkpoint
+    ]})
+    out = buf.getvalue()
+    assert "in flight:     1 batch(es)" in out
+    assert "first record:  4.90 s after the crash (shardId-000000000000), from the survivor" in out
+    assert "shardId-000000000000: 269 records came again, in the batch(es) of sequence numbers 2386-7477" in out
