@@ -28,7 +28,7 @@ notebooks: $(VENV)/.installed-notebooks
 	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(NOTEBOOK_ARGS)
 
 lint: install  # ruff (pyproject.toml) and mypy (strict on leases, reader, Coordinator, kinesis)
-	$(BIN)/ruff check kinesis_actors tests bench
+	$(BIN)/ruff check kinesis_actors tests bench examples
 	$(BIN)/mypy
 
 test-fast: install

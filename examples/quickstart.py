@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 
-from kinesis_actors import KinesisBroker, KinesisStream, StartAt
+from kinesis_actors import KinesisBroker, KinesisError, KinesisStream, StartAt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,31 +25,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--endpoint", help="Kinesis + DynamoDB endpoint (default: start the embedded emulator)")
     parser.add_argument("--records", type=int, default=10, help="how many records to publish and read back")
     args = parser.parse_args(argv)
+    try:
+        return run(args.endpoint, args.records)
+    except KinesisError as e:  # every error of the library is one: its message names the cause
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
+
+def run(endpoint: str | None, records: int) -> int:
+    """Publish ``records`` records and read them back; 0 when every one arrived."""
     with contextlib.ExitStack() as stack:
-        endpoint = args.endpoint
         if endpoint is None:
             from kinesis_actors.emulator import Emulator
 
             endpoint = stack.enter_context(Emulator()).endpoint  # a child process, stopped on exit
-        print(f"emulator at {endpoint}")
+            print(f"started the embedded emulator at {endpoint}")
+        else:
+            print(f"using the endpoint {endpoint}")
 
         broker = KinesisBroker(endpoint=endpoint, region="us-east-1", test_credentials=True)
         conn = stack.enter_context(broker.connect())  # starts a local Ray runtime if none is running
         stream = f"quickstart-{uuid.uuid4().hex[:6]}"
         with conn.subscribe(KinesisStream(stream, create_if_missing=2, start_at=StartAt.trim_horizon()),
                             sink=None) as sub:  # pull mode: next_batch() hands the batches to this process
-            conn.publisher(stream).put_many([(f"order {i}", f"customer-{i % 3}") for i in range(args.records)])
+            conn.publisher(stream).put_many([(f"order {i}", f"customer-{i % 3}") for i in range(records)])
             seen: set[tuple[str, str]] = set()
             deadline = time.monotonic() + 30
-            while len(seen) < args.records and time.monotonic() < deadline:
+            while len(seen) < records and time.monotonic() < deadline:
                 for record in sub.next_batch(timeout_s=1.0):  # asking again acknowledges this batch
                     seen.add((record.shard_id, record.sequence_number))
                     print(f"{record.shard_id}  seq {record.sequence_number}  key {record.partition_key}  "
                           f"{record.data.decode()}")
-            print(f"read {len(seen)} of {args.records} records; leases held: {len(sub.leases())}")
+            print(f"read {len(seen)} of {records} records; leases held: {len(sub.leases())}")
         # leaving the block acknowledged the last batch, checkpointed and released the leases
-    return 0 if len(seen) == args.records else 1
+    return 0 if len(seen) == records else 1
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -278,6 +279,20 @@ def test_the_readme_example_file_runs_and_ends_on_its_own() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"^read 10 of 10 records; leases held: 2$", proc.stdout, re.MULTILINE), proc.stdout
     assert len(re.findall(r"^shardId-\d{12}  seq \d+  key customer-\d  order \d$", proc.stdout, re.MULTILINE)) == 10
+
+
+@demo_timeout
+def test_the_example_file_names_an_endpoint_that_is_not_running_in_one_line() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    proc = subprocess.run([sys.executable, str(example), "--endpoint", f"http://127.0.0.1:{port}"], capture_output=True,
+                          text=True, timeout=DEMO_DEADLINE_S, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and f"cannot reach http://127.0.0.1:{port}" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
 
 
 @demo_timeout
