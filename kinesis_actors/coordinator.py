@@ -132,6 +132,7 @@ class _Reader:
     shards: set[str] = dataclasses.field(default_factory=set)
     ready: bool = False
     watch: asyncio.Task[None] | None = None
+    gone: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # set once it is known dead
 
 
 def pick_reader(readers: Iterable[_Reader], max_shards_per_reader: int) -> _Reader | None:
@@ -589,6 +590,7 @@ class CoordinatorCore:
         in the background (the leases do not wait for it when there is room)."""
         self._readers.pop(reader.id, None)
         reader.ready = False
+        reader.gone.set()  # opens still waiting on it give up at once
         if reader.handle is not None:
             reader.handle.kill()
         moved = sorted(reader.shards)
@@ -618,10 +620,17 @@ class CoordinatorCore:
         await asyncio.gather(*(self._rehome(h) for h in placing), return_exceptions=True)
 
     async def _rehome(self, held: _Held) -> None:
+        """Re-take ``held``'s row under this owner and open it on the reader it was placed on.
+
+        If that reader dies meanwhile (two readers lost at once: the first one's leases may
+        have been placed on the second before its death was seen), the lease is placed
+        again at once instead of waiting for the next lease poll."""
         shard_id = held.shard.shard_id
         reader = held.reader
-        assert reader is not None
+        again = reader is None  # it died between the placing and this task's start
         try:
+            if reader is None:
+                return
             lease = None
             for _ in range(3):  # a write of the old loop may race the re-take: read again
                 lease = await self._take(shard_id)
@@ -637,15 +646,20 @@ class CoordinatorCore:
                     self._finished.add(shard_id)
                     await self._io(self.store.release, lease)
                 return
-            self.counters["shards_rehomed"] += 1
-            await self._open_on(held, lease)
+            if held.reader is reader:
+                self.counters["shards_rehomed"] += 1
+                await self._open_on(held, lease)
+            again = held.reader is None  # the reader died before or during the open
         except Exception as e:
             log.warning("shard %s: re-homing failed (%r); retried at the next poll", shard_id, e)
-            if self._held.get(shard_id) is held and held.reader is reader and not held.opened:
+            if reader is not None and self._held.get(shard_id) is held and held.reader is reader and not held.opened:
                 reader.shards.discard(shard_id)
                 held.reader = None
         finally:
             held.placing = False
+        if again and self._held.get(shard_id) is held and not self._closing:
+            log.info("shard %s: its new reader died too; placing it again", shard_id)
+            self._spawn(self._place_unplaced(), "place")
 
     def _drop(self, held: _Held) -> None:
         shard_id = held.shard.shard_id
@@ -820,14 +834,24 @@ class CoordinatorCore:
         (None if the reader died or did not answer within ``timeout_s``, default
         ``call_timeout_s``: its watch re-homes it or reports how it ended)."""
         reader = held.reader
-        assert reader is not None and reader.handle is not None
+        if reader is None or reader.handle is None:
+            return None  # the reader died while the lease was taken: it is placed again
         shard_id = held.shard.shard_id
+        add = asyncio.ensure_future(reader.handle.add(self._spec(held.shard), lease))
+        gone = asyncio.ensure_future(reader.gone.wait())
         try:
-            event = await asyncio.wait_for(reader.handle.add(self._spec(held.shard), lease),
-                                           timeout_s if timeout_s is not None else self._call_timeout_s)
+            wait_s = timeout_s if timeout_s is not None else self._call_timeout_s
+            done, _ = await asyncio.wait({add, gone}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            if add not in done:
+                raise ReaderGone(f"reader {reader.id} died") if gone in done else asyncio.TimeoutError()
+            event = add.result()
         except (ReaderGone, ReaderUnreachable, asyncio.TimeoutError) as e:
             log.info("shard %s: reader %d did not confirm the open (%r)", shard_id, reader.id, e)
             return None
+        finally:
+            gone.cancel()
+            if not add.done():
+                add.cancel()
         if event.state == ConsumerState.PROCESSING.value:
             held.opened = True
             log.debug("shard %s: open on reader %d (lease counter %d)", shard_id, reader.id, lease.counter)

@@ -39,7 +39,7 @@ class Instance:
     def __init__(self, kinesis: FakeKinesis, rows: InProcessLeaseStore, *, owner: str = "a", cap: int = 4,
                  start_delay_s: float = 0.05, max_buffered_bytes: int = 64 << 20, fail_starts: int = 0,
                  deliver: Callable[[list[Record]], Any] | None = None, reader_start_timeout_s: float = 5.0,
-                 **stream_kwargs: Any) -> None:
+                 poll_s: float = POLL_S, **stream_kwargs: Any) -> None:
         self.delivered: list[tuple[str, int, float]] = []
         self.batches: list[tuple[str, int, int]] = []  # (shard, first seq, last seq)
         self.readers: list[LocalReader] = []
@@ -75,7 +75,7 @@ class Instance:
             self.readers.append(reader)
             return reader
 
-        stream = KinesisStream(STREAM, start_at=StartAt.trim_horizon(), lease_poll_interval_s=POLL_S,
+        stream = KinesisStream(STREAM, start_at=StartAt.trim_horizon(), lease_poll_interval_s=poll_s,
                                shard_sync_interval_s=5.0, idle_wait_s=0.02, max_idle_wait_s=0.05,
                                max_shards_per_reader=cap, **stream_kwargs)
         self.core = CoordinatorCore(stream, aws=None, store=rows, owner_id=owner,  # type: ignore[arg-type]
@@ -235,6 +235,24 @@ def test_a_dead_readers_leases_reopen_on_live_readers_at_once_under_the_same_own
             assert sorted(set(seqs)) == list(range(1, 26)), f"{sid}: no gap"
         await until(lambda: sum(1 for r in inst.readers if not r.dead) == 4 and inst.readers[-1].start_delay_s == 0,
                     5, "the pool restored")
+        await inst.core.close()
+
+    asyncio.run(scenario())
+
+
+def test_two_readers_dying_at_once_rehome_every_lease_without_waiting_for_a_poll() -> None:
+    async def scenario() -> None:
+        kinesis, rows = FakeKinesis(6, records=5), InProcessLeaseStore()
+        inst = Instance(kinesis, rows, cap=4, poll_s=30.0)  # no lease poll comes to the rescue
+        await inst.core.start(10)
+        await until(lambda: len(inst.seen()) == 30, 5, "the first records")
+        holders = sorted(inst.live_readers(), key=lambda r: -len(r.core.shard_ids()))[:2]
+        moved = sorted(sid for r in holders for sid in r.core.shard_ids())
+        for r in holders:
+            r.kill()  # the second dies before the first one's leases are placed
+        kinesis.publish(3)
+        await until(lambda: all((sid, 8) in inst.seen() for sid in moved), 3.0, "every moved shard delivering")
+        assert all(rows.get(STREAM, sid).owner == "a" for sid in moved)
         await inst.core.close()
 
     asyncio.run(scenario())
