@@ -21,7 +21,7 @@ from typing import Any  # noqa: E402
 from .common import Results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SECTIONS = ("throughput", "peer", "latency", "memory", "failover", "scale", "demo")
+SECTIONS = ("throughput", "peer", "latency", "memory", "failover", "scale", "efo", "demo")
 PEER_PACKAGE = "async-kinesis==3.0.1"
 
 DEFAULT = {
@@ -34,7 +34,7 @@ DEFAULT = {
     "scale_sweep_size": 256, "scale_sweep_caps": [32, 64, 128, 256], "scale_dynamo_shards": 1000,
     "scale_dynamo_timings": [[10.0, 3.0], [30.0, 10.0]], "scale_dynamo_window_s": 40.0, "scale_probe_threads": 16,
     "scale_probe_s": 4.0,
-    "demo_args": ["--month", "1"], "demo_timeout_s": 900,
+    "demo_args": ["--month", "1"], "demo_timeout_s": 900, "efo_seconds": 30.0,
 }
 QUICK = {
     "tp_records_per_shard": 500, "tp_record_bytes": 1024, "tp_reps": 1,
@@ -45,7 +45,7 @@ QUICK = {
     "scale_idle_s": 4.0, "scale_settle_s": 1.0, "scale_timeout_s": 180.0, "scale_cap1_sizes": [16],
     "scale_sweep_size": 256, "scale_sweep_caps": [], "scale_dynamo_shards": 1000,
     "scale_dynamo_timings": [], "scale_dynamo_window_s": 40.0, "scale_probe_threads": 16, "scale_probe_s": 4.0,
-    "demo_args": ["--day", "2013-01-01"], "demo_timeout_s": 300,
+    "demo_args": ["--day", "2013-01-01"], "demo_timeout_s": 300, "efo_seconds": 6.0,
 }
 DEFAULT_TIMINGS = {"lease_duration_s": 10.0, "renew_interval_s": 3.0, "lease_poll_interval_s": 2.0}
 QUICK_TIMINGS = {"lease_duration_s": 2.0, "renew_interval_s": 0.5, "lease_poll_interval_s": 0.5}
@@ -150,13 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         res.timings[name] = time.monotonic() - t
         res.write(a.out)  # partial results survive a crash later on
 
-    needs_ray = [s for s in sections if s in ("throughput", "latency", "memory", "failover", "scale")]
+    needs_ray = [s for s in sections if s in ("throughput", "latency", "memory", "failover", "scale", "efo")]
     if needs_ray:
         import ray
 
         from kinesis_actors.emulator import Emulator
 
-        from . import failover, latency, memory, scale, throughput
+        from . import efo, failover, latency, memory, scale, throughput
 
         t = time.monotonic()
         with Emulator() as emu:
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             ctx.log(f"emulator at {emu.endpoint} and Ray up in {time.monotonic() - t:.1f} s")
             try:
                 for name, mod in (("throughput", throughput), ("latency", latency), ("memory", memory),
-                                  ("failover", failover), ("scale", scale)):
+                                  ("failover", failover), ("scale", scale), ("efo", efo)):
                     if name in sections:
                         section(name, mod.run)
             finally:
