@@ -25,7 +25,8 @@ Fault model:
 The first pass (:meth:`CoordinatorCore.start`) starts the pool in parallel, waits for
 room, then takes the leases and opens them (each reader holds its first iterator
 before it returns; with ``retrieval="fanout"`` the pass first registers or finds the
-stream consumer, and "open" means the shard's first ``SubscribeToShard`` was accepted).
+stream consumer, and "open" means the shard's first ``SubscribeToShard`` was accepted:
+its first frame arrived and was not a refusal).
 It never fails because an actor is slow: it waits up to its deadline, then raises
 :class:`~kinesis_actors.errors.StartError` saying how many shards opened and why the
 others did not. A reader that fails to start is retried by the pool upkeep with

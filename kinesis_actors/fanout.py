@@ -72,6 +72,8 @@ pushes to one consumer per shard and second at EFO's documented rate (2 MB/s). A
 that carries more is still taken and counted in full."""
 
 _READ_CHUNK = 256 * 1024
+_RETRY_CODES = frozenset({"ResourceInUseException", "LimitExceededException", "InternalFailure",
+                          "InternalFailureException", "ServiceUnavailable"})
 _CONSUMER_POLL_S = 0.25
 
 
@@ -233,7 +235,8 @@ class HttpSubscriber:
     botocore serialises and signs ``SubscribeToShard`` (a ``before-send`` hook, registered
     once per client, takes the signed request out before botocore sends it); urllib3 sends
     it on a connection of its own (one per subscription), with the client's connect and
-    read timeouts, and without retries (the fetcher decides).
+    read timeouts, botocore's CA bundle, and without retries (the fetcher decides).
+    Proxies from the environment (``HTTPS_PROXY``) are not used for subscriptions.
 
     Args:
         client: a boto3 Kinesis client (its endpoint, region, credentials and timeouts).
@@ -245,14 +248,14 @@ class HttpSubscriber:
     """
 
     def __init__(self, client: Any) -> None:
-        import certifi
         import urllib3
+        from botocore.httpsession import get_cert_path
 
         self._client = client
         config = client.meta.config
         self._timeout = urllib3.Timeout(connect=config.connect_timeout, read=config.read_timeout)
         self._urllib3 = urllib3
-        self._ca_certs = certifi.where()
+        self._ca_certs = get_cert_path(True)
         client.meta.events.register("before-send.kinesis.SubscribeToShard", _capture_subscribe,
                                     unique_id="kinesis-actors-subscribe-to-shard")
 
@@ -361,6 +364,10 @@ class FanOutFetcher:
       ``restart_at`` (a ``LATEST`` start reopens at the ``AT_TIMESTAMP`` recorded, never at
       a later tip). A position inside a KPL aggregate re-reads it (``AT_SEQUENCE_NUMBER``)
       and drops the user records already returned.
+    * A subscription counts as open (:attr:`has_iterator`) once its first frame arrived
+      and was not an exception: HTTP 200 alone is not acceptance (kinesis-mock answers
+      200, then sends ``ResourceInUseException`` as the first frame; AWS sends
+      ``initial-response`` first).
     * Events are returned whole, in order, one per :meth:`step`; frames are decoded by
       ``EventStreamBuffer`` and only complete ones are used, so a connection that drops in
       the middle of an event loses nothing: the next subscription starts after the last
@@ -419,6 +426,8 @@ class FanOutFetcher:
         self._continuation: str | None = None
         self._skip_through: tuple[int, int] | None = None
         self._source: EventSource | None = None
+        self._confirmed = False  # the subscription's first frame arrived and was not a refusal
+        self._pending: Any = None  # that first frame, when it was an event: returned by the next step
         self._frames: Iterator[Any] | None = None
         self._opened_at = 0.0
         self._next_call_at = 0.0
@@ -426,7 +435,7 @@ class FanOutFetcher:
         self._lock = threading.Lock()
         self._closed = False
         self.throttled_in_a_row = 0
-        self.subscriptions = 0  # SubscribeToShard calls accepted
+        self.subscriptions = 0  # SubscribeToShard calls confirmed (first frame not a refusal)
         self.subscribe_calls = 0
         self.events = 0
         self.renewals = 0
@@ -453,12 +462,13 @@ class FanOutFetcher:
 
     @property
     def has_iterator(self) -> bool:
-        """True while a subscription is open (the next step reads an event)."""
-        return self._source is not None
+        """True while a subscription is open and confirmed: its first frame arrived and was
+        not a refusal (the next step returns an event)."""
+        return self._source is not None and self._confirmed
 
     @property
     def blocking_read(self) -> bool:
-        """True when the next step reads the open subscription (waits for an event)."""
+        """True when the next step reads the subscription (waits for a frame)."""
         return self._source is not None
 
     def seek(self, position: StartAt) -> None:
@@ -495,6 +505,7 @@ class FanOutFetcher:
     def _drop(self) -> None:
         with self._lock:
             source, self._source, self._frames = self._source, None, None
+            self._confirmed, self._pending = False, None
         if source is not None:
             source.close()
 
@@ -515,13 +526,14 @@ class FanOutFetcher:
 
     @staticmethod
     def _transient(e: BaseException) -> bool:
+        """A refusal or failure a later subscription may overcome (retried with backoff)."""
         code = aws_error_code(e)
-        if code in ("ResourceInUseException", "LimitExceededException", "InternalFailure",
-                    "InternalFailureException", "ServiceUnavailable"):
-            return True
         if code is not None:
-            return is_throttling(e)
-        return True  # no AWS code: a network error (refused, reset, timed out)
+            return code in _RETRY_CODES or is_throttling(e)
+        import urllib3
+
+        # no AWS code: a network error (refused, reset, timed out); not missing credentials
+        return is_throttling(e) or isinstance(e, (urllib3.exceptions.HTTPError, OSError))
 
     def _open(self) -> None:
         from botocore.eventstream import EventStreamBuffer
@@ -545,7 +557,7 @@ class FanOutFetcher:
             source = self._subscribe({"ConsumerARN": self.consumer_arn, "ShardId": self.shard_id,
                                       "StartingPosition": starting})
         except Exception as e:
-            if not self._transient(e) or aws_error_code(e) in ("ResourceNotFoundException",):
+            if not self._transient(e):
                 raise self._fatal(e) from e
             self._backoff(e, "SubscribeToShard refused or failed")
             return
@@ -555,8 +567,6 @@ class FanOutFetcher:
                 return
             self._source, self._frames = source, _frames(source, EventStreamBuffer())
         self._opened_at = self._clock()
-        self.subscriptions += 1
-        self.throttled_in_a_row = 0
         log.debug("%s: subscribed at %s", self.resource, position)
 
     def step(self) -> Fetched | None:
@@ -567,8 +577,9 @@ class FanOutFetcher:
 
         Returns:
             A :class:`~kinesis_actors.kinesis.Fetched` for an event (possibly with no
-            records), or None when the step subscribed, renewed, or handled a refusal,
-            a dropped connection or the end of a subscription (step again).
+            records), or None when the step subscribed, confirmed a subscription (its
+            first frame), renewed, or handled a refusal, a dropped connection or the end
+            of a subscription (step again).
 
         Raises:
             StreamError, KinesisError: see the class docstring.
@@ -577,6 +588,9 @@ class FanOutFetcher:
             if not self._closed:
                 self._open()
             return None
+        if self._pending is not None:
+            message, self._pending = self._pending, None
+            return self._event(message)
         if self._clock() - self._opened_at >= self.renew_after_s:
             self.renewals += 1
             log.info("%s: renewing the subscription at %s", self.resource, self.position)
@@ -597,6 +611,17 @@ class FanOutFetcher:
             self.renewals += 1
             self._drop()
             log.info("%s: subscription ended by the service; resubscribing at %s", self.resource, self.position)
+            return None
+        if not self._confirmed:
+            # HTTP 200 is not acceptance: kinesis-mock answers 200 and then sends
+            # ResourceInUseException as the first frame. The first frame decides.
+            if message.headers.get(":message-type") != "event":
+                return self._event(message)  # a refusal: dropped, backed off
+            self._confirmed = True
+            self.subscriptions += 1
+            self.throttled_in_a_row = 0
+            if message.headers.get(":event-type") == "SubscribeToShardEvent":
+                self._pending = message  # returned by the next step (the caller was only opening)
             return None
         return self._event(message)
 

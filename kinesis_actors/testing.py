@@ -528,6 +528,8 @@ class FakeShard:
         event_interval_s: real seconds each read of a subscription waits before its event
             (AWS and kinesis-mock push events over time; 0.01 s here).
         child_shard_ids: ``ChildShards`` of the last event of a closed shard.
+        refuse_in_stream: answer a subscription refused for being in use as kinesis-mock
+            does (accepted, then a ``ResourceInUseException`` frame) instead of raising.
 
     Args:
         n: records to start with. closed: see above.
@@ -553,6 +555,7 @@ class FakeShard:
         self.open_subscriptions: list[FakeSubscription] = []
         self.event_interval_s = 0.01
         self.child_shard_ids: list[str] = ["shardId-child-0"]
+        self.refuse_in_stream = False
         self._sub_lock = threading.Lock()
         self.add(n)
         for when in arrivals or ():
@@ -624,7 +627,11 @@ class FakeShard:
             if self.subscribe_faults:
                 raise client_error(self.subscribe_faults.pop(0), "SubscribeToShard")
             if self.open_subscriptions:
-                raise client_error("ResourceInUseException", "SubscribeToShard")
+                if not self.refuse_in_stream:
+                    raise client_error("ResourceInUseException", "SubscribeToShard")
+                refused = FakeSubscription(self, 0)
+                refused.refused = True
+                return refused
             starting = dict(params["StartingPosition"])
             pos = self._position_of(starting)
             self.subscriptions.append(starting)
@@ -665,6 +672,7 @@ class FakeSubscription:
         self.events = 0
         self._pending = b""
         self._broken = False
+        self.refused = False  # answers one ResourceInUseException frame, then ends
 
     def _event(self) -> bytes:
         shard = self.shard
@@ -687,6 +695,10 @@ class FakeSubscription:
     def read(self) -> bytes:
         if self.closed:
             return b""
+        if self.refused:
+            self.closed = True
+            return encode_event_frame({":message-type": "exception", ":exception-type": "ResourceInUseException"},
+                                      b'{"message": "Another active subscription exists"}')
         if self._broken:
             self.close()
             raise ConnectionResetError("connection reset (fake)")

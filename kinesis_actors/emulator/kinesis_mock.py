@@ -143,7 +143,9 @@ class KinesisMock:
     What it is like (measured on kinesis-local 0.6.2): streams become ``ACTIVE`` after
     0.5 s; it sends one ``SubscribeToShardEvent`` per second per subscription; after a
     client drops a subscription it refuses a new one with ``ResourceInUseException`` for
-    about 2 s; in-memory only.
+    about 2 s, and it refuses a second subscription of one consumer and shard the same
+    way, both as HTTP 200 followed by an exception frame (AWS answers the refusal with
+    an HTTP error status); in-memory only.
 
     Args:
         shard_limit: ``SHARD_LIMIT``, most shards per account (kinesis-mock's default is 50).

@@ -245,3 +245,46 @@ def test_cli_emulator_efo_prints_both_endpoints(kinesis_mock: str) -> None:
         proc.wait(20)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_http_subscriber_on_kinesis_mock_events_refusals_and_close(kinesis_mock: str, unique: str) -> None:
+    from botocore.exceptions import ClientError
+
+    from kinesis_actors.fanout import HttpSubscriber, ensure_stream_consumer, parse_event_payload
+
+    stream = f"efo-http-{unique}"
+    create_stream(kinesis_mock, stream, 1)
+    k = kinesis_client(kinesis_mock)
+    arn = ensure_stream_consumer(k, stream, "probe")
+    assert ensure_stream_consumer(k, stream, "probe") == arn, "an existing consumer is reused"
+    k.put_record(StreamName=stream, Data=b"hello", PartitionKey="a")
+    subscribe = HttpSubscriber(k)
+    params = {"ConsumerARN": arn, "ShardId": "shardId-000000000000", "StartingPosition": {"Type": "TRIM_HORIZON"}}
+    source = subscribe(params)
+    (first,) = first_frames(source, 1)
+    event = parse_event_payload(first.payload)
+    assert [r["Data"] for r in event.records] == [b"hello"] and event.continuation_sequence_number
+    second = subscribe(params)  # while the first is open: HTTP 200, then a refusal as the first frame
+    (refusal,) = first_frames(second, 1)
+    assert refusal.headers[":message-type"] == "exception"
+    assert refusal.headers[":exception-type"] == "ResourceInUseException"
+    second.close()
+    source.close()
+    try:  # a consumer that does not exist: refused with the HTTP status (AWS) or in the first frame (kinesis-mock)
+        third = subscribe({**params, "ConsumerARN": arn.replace("/consumer/probe:", "/consumer/nobody:")})
+        (frame,) = first_frames(third, 1)
+        third.close()
+        code = frame.headers.get(":exception-type")
+    except ClientError as e:
+        code = e.response["Error"]["Code"]
+    assert code == "ResourceNotFoundException"
+
+
+def first_frames(source: Any, n: int) -> list[Any]:
+    from botocore.eventstream import EventStreamBuffer
+
+    buffer, frames = EventStreamBuffer(), []
+    while len(frames) < n:
+        buffer.add_data(source.read())
+        frames.extend(buffer)
+    return frames[:n]

@@ -63,7 +63,7 @@ def test_frames_decode_with_botocore_and_payloads_become_records() -> None:
 def test_subscription_is_renewed_before_five_minutes_from_the_last_continuation() -> None:
     shard, clock = FakeShard(3), FakeClock()
     f = fetcher(shard, clock)
-    got = drive(f, clock, 2)  # subscribe, first event
+    got = drive(f, clock, 3)  # subscribe, confirm (the first frame is an event), that event
     assert seqs(got) == [1, 2, 3] and f.subscriptions == 1
     clock.advance(f.renew_after_s - 1)
     assert drive(f, clock, 1)[0] is not None, "still young: reads"
@@ -71,7 +71,7 @@ def test_subscription_is_renewed_before_five_minutes_from_the_last_continuation(
     shard.add(2)
     assert f.step() is None and not f.has_iterator and f.renewals == 1, "old: ended at the next step"
     assert f.position == StartAt.after_sequence_number("3")
-    got = drive(f, clock, 2)
+    got = drive(f, clock, 3)
     assert seqs(got) == [4, 5], "renewed after the last delivered continuation: nothing lost, nothing repeated"
     assert shard.subscriptions[-1] == {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": "3"}
     assert f.subscriptions == 2 and len(shard.open_subscriptions) == 1
@@ -80,11 +80,11 @@ def test_subscription_is_renewed_before_five_minutes_from_the_last_continuation(
 def test_a_service_ended_subscription_is_renewed_the_same_way() -> None:
     shard, clock = FakeShard(2), FakeClock()
     f = fetcher(shard, clock)
-    drive(f, clock, 2)
+    drive(f, clock, 3)
     shard.stream_faults = ["end"]
     shard.add(1)
     assert drive(f, clock, 1) == [None] and not f.has_iterator
-    assert seqs(drive(f, clock, 2)) == [3]
+    assert seqs(drive(f, clock, 3)) == [3]
     assert shard.subscriptions[-1]["SequenceNumber"] == "2"
 
 
@@ -98,14 +98,15 @@ def test_resource_in_use_backs_off_then_subscribes() -> None:
         waits.append(f.due_in())
         clock.advance(f.due_in())
     assert all(w >= MIN_SUBSCRIBE_SPACING_S for w in waits) and f.throttles == 3
-    assert f.step() is None and f.has_iterator and f.subscribe_calls == 4
+    assert f.step() is None and not f.has_iterator and f.subscribe_calls == 4, "HTTP 200: not yet confirmed"
+    assert f.step() is None and f.has_iterator and f.subscriptions == 1, "its first frame was an event"
     assert seqs(drive(f, clock, 1)) == [1, 2]
 
 
 def test_subscriptions_on_a_shard_are_never_closer_than_one_second() -> None:
     shard, clock = FakeShard(1), FakeClock()
     f = fetcher(shard, clock)
-    drive(f, clock, 2)
+    drive(f, clock, 3)
     shard.stream_faults = ["end"]
     f.step()
     assert f.due_in() == pytest.approx(MIN_SUBSCRIBE_SPACING_S)
@@ -121,29 +122,29 @@ def test_a_missing_consumer_or_shard_is_a_stream_error() -> None:
 def test_an_exception_event_inside_the_subscription_resubscribes() -> None:
     shard, clock = FakeShard(2), FakeClock()
     f = fetcher(shard, clock)
-    drive(f, clock, 2)
+    drive(f, clock, 3)
     shard.stream_faults = ["InternalFailure"]
     shard.add(1)
     assert drive(f, clock, 1) == [None] and f.drops == 1
-    assert seqs(drive(f, clock, 2)) == [3]
+    assert seqs(drive(f, clock, 3)) == [3]
 
 
 def test_a_connection_dropped_in_the_middle_of_an_event_loses_nothing() -> None:
     shard, clock = FakeShard(2), FakeClock()
     f = fetcher(shard, clock)
-    assert seqs(drive(f, clock, 2)) == [1, 2]
+    assert seqs(drive(f, clock, 3)) == [1, 2]
     shard.add(3)
     shard.stream_faults = ["drop-mid-event"]
     got = drive(f, clock, 1)
     assert got == [None] and f.drops == 1 and not f.has_iterator, "half a frame is never an event"
     assert f.position == StartAt.after_sequence_number("2")
-    assert seqs(drive(f, clock, 2)) == [3, 4, 5]
+    assert seqs(drive(f, clock, 3)) == [3, 4, 5]
 
 
 def test_child_shards_mark_the_shard_end() -> None:
     shard, clock = FakeShard(4, closed=True), FakeClock()
     f = fetcher(shard, clock)
-    got = drive(f, clock, 2)[-1]
+    got = drive(f, clock, 3)[-1]
     assert got is not None and got.shard_end and seqs([got]) == [1, 2, 3, 4]
     assert not f.has_iterator and not shard.open_subscriptions
 
@@ -295,3 +296,38 @@ def test_a_full_byte_budget_drops_the_subscription_and_resubscribes_after_the_la
     assert sink.seqs == list(range(1, 8))
     assert shard.subscriptions[-1] == {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": "4"}
     assert budget.used == 0 and budget.reserved == 0
+
+
+def test_missing_credentials_are_fatal_not_retried() -> None:
+    from botocore.exceptions import NoCredentialsError
+
+    def subscribe(params: dict[str, Any]) -> Any:
+        raise NoCredentialsError()
+
+    f = FanOutFetcher(FakeShard(1), STREAM, SHARD, StartAt.trim_horizon(), consumer_arn=ARN, subscribe=subscribe)
+    with pytest.raises(StreamError, match="credentials"):
+        f.step()
+
+
+def test_a_refused_connection_is_retried() -> None:
+    def subscribe(params: dict[str, Any]) -> Any:
+        raise ConnectionRefusedError("refused")
+
+    clock = FakeClock()
+    f = FanOutFetcher(FakeShard(1), STREAM, SHARD, StartAt.trim_horizon(), consumer_arn=ARN, subscribe=subscribe,
+                      clock=clock, rng=lambda: 0.0)
+    assert f.step() is None and f.throttles == 1 and f.due_in() >= MIN_SUBSCRIBE_SPACING_S
+
+
+def test_a_refusal_in_the_first_frame_is_not_an_open_subscription() -> None:
+    shard, clock = FakeShard(2), FakeClock()
+    shard.refuse_in_stream = True  # kinesis-mock: HTTP 200, then ResourceInUseException as the first frame
+    f = fetcher(shard, clock)
+    drive(f, clock, 3)
+    other = shard.open_subscriptions[0]  # a second subscriber appears while ours is open
+    f.seek(StartAt.trim_horizon())
+    shard.open_subscriptions.append(other)
+    assert drive(f, clock, 2) == [None, None] and not f.has_iterator and f.throttles == 1
+    assert f.due_in() >= MIN_SUBSCRIBE_SPACING_S
+    shard.open_subscriptions.clear()
+    assert seqs(drive(f, clock, 3)) == [1, 2]
