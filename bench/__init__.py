@@ -14,7 +14,10 @@ of the pool at rest and under load, the Coordinator pass over 1,000 lease rows),
 ``failover`` (crash, close, process SIGKILL, SIGKILL of one pool reader -> its shards on
 live readers), ``scale`` (16 to 1,000 shards on one node: subscribe and delivery times, USS
 per shard, idle request rates, ``max_shards_per_reader`` 1 and a cap sweep, a DynamoDB lease
-table at 1,000), ``demo`` (``kinesis-actors demo`` wall time split).
+table at 1,000), ``peer_kcl_rs`` (ours beside kcl-rs, KCL v3 in Rust, from its own virtualenv
+``bench/.venv-kclrs``, and async-kinesis and raw boto3: start, throughput, CPU, memory per shard,
+crash failover, graceful stop and balancing of two workers; ``python -m bench.peer_kcl_rs``
+prints its table), ``demo`` (``kinesis-actors demo`` wall time split).
 
 Every figure in ``results.json`` has ``name``, ``value``, ``unit``, ``anchor`` (what it is
 compared to), ``anchor_value``, ``ratio`` (value / anchor_value), ``goal`` and ``goal_met``.

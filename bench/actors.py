@@ -133,3 +133,18 @@ class DistinctSink:
     def progress(self) -> dict[str, Any]:
         return {"distinct": len(self.seen), "deliveries": self.deliveries, "shards_complete": self.complete,
                 "shards_seen": len(self.per), "t_first": self.t_first, "t_all": self.t_all}
+
+
+@ray.remote(num_cpus=0)
+class LogSink:
+    """Logs (arrival epoch s, shard id, sequence number) of every record delivered to it."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[float, str, str]] = []
+
+    def process_batch(self, records: list[Any]) -> None:
+        now = time.time()
+        self.log.extend((now, r.shard_id, r.sequence_number) for r in records)
+
+    def since(self, i: int) -> list[tuple[float, str, str]]:
+        return self.log[i:]

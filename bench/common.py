@@ -8,6 +8,8 @@ import json
 import math
 import os
 import platform
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -170,6 +172,45 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 def median(values: Iterable[float | None]) -> float | None:
     xs = [v for v in values if v is not None]
     return percentile(xs, 50) if xs else None
+
+
+def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old`` (a results file) with the sections of ``new`` replaced by ``new``'s figures, errors,
+    timings and load; other sections are kept as measured. ``merged_runs`` lists the runs merged in."""
+    sections = set(new["params"].get("sections", []))
+    out = dict(old)
+    order = list(dict.fromkeys([f["section"] for f in old.get("figures", [])] + [f["section"] for f in new["figures"]]))
+    figures = [f for f in old.get("figures", []) if f["section"] not in sections] + new["figures"]
+    out["figures"] = sorted(figures, key=lambda f: order.index(f["section"]))  # stable: each section in its place
+    out["errors"] = {**{k: v for k, v in old.get("errors", {}).items() if k not in sections}, **new["errors"]}
+    out["section_seconds"] = {**old.get("section_seconds", {}), **new["section_seconds"]}
+    out["load_average_1min_at_section_start"] = {**old.get("load_average_1min_at_section_start", {}),
+                                                 **new["load_average_1min_at_section_start"]}
+    out["notes"] = list(old.get("notes", [])) + [n for n in new["notes"] if n not in old.get("notes", [])]
+    out["merged_runs"] = [*old.get("merged_runs", []), {k: new[k] for k in ("started_utc", "mode", "params", "machine")}]
+    return out
+
+
+def ensure_venv(venv: str, package: str, probe_code: str, log: Callable[[str], None]) -> tuple[str | None, str | None]:
+    """A peer's own virtualenv at ``venv`` with ``package`` installed (created if ``probe_code`` does not
+    run there): (its python, None), or (None, why not)."""
+    py = os.path.join(venv, "bin", "python")
+    probe = [py, "-c", probe_code]
+    try:
+        if os.path.exists(py) and subprocess.run(probe, capture_output=True, text=True, timeout=60).returncode == 0:
+            return py, None
+        log(f"creating the peer's virtualenv {venv} ({package}) ...")
+        subprocess.run([sys.executable, "-m", "venv", "--clear", venv], check=True, capture_output=True, timeout=300)
+        pip = subprocess.run([py, "-m", "pip", "install", "-q", "--timeout", "20", "--retries", "1", package],
+                             capture_output=True, text=True, timeout=900)
+        if pip.returncode != 0:
+            return None, f"pip install {package} failed: {pip.stderr.strip().splitlines()[-1:]}"
+        check = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+        if check.returncode != 0:
+            return None, f"{package} installed but does not import: {check.stderr.strip()[-300:]}"
+        return py, None
+    except Exception as e:  # recorded in results.json
+        return None, f"could not set up {venv}: {e!r:.300}"
 
 
 # ----------------------------------------------------------------------------- processes

@@ -39,6 +39,9 @@ def markdown(data: dict, key_only: bool = False) -> str:
         f"Measured {data.get('date')} on {m.get('cores')} cores, {m.get('memory_gib')} GiB "
         f"(Python {m.get('python')}, Ray {m.get('ray')}, boto3 {m.get('boto3')}, moto {m.get('moto')}; "
         f"`python -m bench`{' --quick' if data.get('mode') == 'quick' else ''}, emulator: moto server).",
+        *(f"Sections {', '.join(r['params'].get('sections', []))} measured again {r['started_utc']}"
+          f"{' (--quick)' if r.get('mode') == 'quick' else ''} and merged in (`python -m bench --merge`)."
+          for r in data.get("merged_runs", [])),
         "",
         "Load average (1 min) of the shared machine when each section started: "
         + (", ".join(f"{k} {v:g}" for k, v in data.get("load_average_1min_at_section_start", {}).items()) or "not recorded")
@@ -71,6 +74,7 @@ CHAOS_KEY = {
     "5_zombie_sigstop": ("zombie_reader_last_call_after_resume_s", "s until the zombie's readers stopped calling AWS"),
     "6_downstream_stall": ("longest_renewal_gap_s", "s longest gap between renewals"),
     "7_lease_table_unreachable": ("retaken_after_return_s", "s until every shard re-taken"),
+    "8_sigkill_reader_with_several_shards": ("shards_on_victim", "shards on the killed reader, re-homed onto the live one"),
 }
 
 CHAOS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chaos.json")  # the reference run

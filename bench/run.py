@@ -12,16 +12,15 @@ for _name, _value in (("RAY_AUTH_MODE", "disabled"), ("RAY_USAGE_STATS_ENABLED",
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from typing import Any  # noqa: E402
 
-from .common import Results  # noqa: E402
+from .common import Results, ensure_venv, merge_results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SECTIONS = ("throughput", "peer", "latency", "memory", "failover", "scale", "efo", "demo")
+SECTIONS = ("throughput", "peer", "latency", "memory", "failover", "scale", "peer_kcl_rs", "efo", "demo")
 PEER_PACKAGE = "async-kinesis==3.0.1"
 
 DEFAULT = {
@@ -35,6 +34,8 @@ DEFAULT = {
     "scale_dynamo_timings": [[10.0, 3.0], [30.0, 10.0]], "scale_dynamo_window_s": 40.0, "scale_probe_threads": 16,
     "scale_probe_s": 4.0,
     "demo_args": ["--month", "1"], "demo_timeout_s": 900, "efo_seconds": 30.0,
+    "kclrs_memory_sizes": [4, 64], "kclrs_default_cold": True, "kclrs_matched_cold": True, "kclrs_two_workers": True,
+    "kclrs_balance_shards": 8, "kclrs_memory_side_by_side": False,
 }
 QUICK = {
     "tp_records_per_shard": 500, "tp_record_bytes": 1024, "tp_reps": 1,
@@ -46,6 +47,8 @@ QUICK = {
     "scale_sweep_size": 256, "scale_sweep_caps": [], "scale_dynamo_shards": 1000,
     "scale_dynamo_timings": [], "scale_dynamo_window_s": 40.0, "scale_probe_threads": 16, "scale_probe_s": 4.0,
     "demo_args": ["--day", "2013-01-01"], "demo_timeout_s": 300, "efo_seconds": 6.0,
+    "kclrs_memory_sizes": [4], "kclrs_default_cold": False, "kclrs_matched_cold": False, "kclrs_two_workers": False,
+    "kclrs_balance_shards": 8, "kclrs_memory_side_by_side": True,
 }
 DEFAULT_TIMINGS = {"lease_duration_s": 10.0, "renew_interval_s": 3.0, "lease_poll_interval_s": 2.0}
 QUICK_TIMINGS = {"lease_duration_s": 2.0, "renew_interval_s": 0.5, "lease_poll_interval_s": 0.5}
@@ -63,6 +66,9 @@ class Ctx:
     emulator_pid: int = 0
     peer_python: str | None = None
     peer_error: str | None = None
+    kclrs_python: str | None = None
+    kclrs_error: str | None = None
+    tp: dict[str, Any] = dataclasses.field(default_factory=dict)
     children: list[Any] = dataclasses.field(default_factory=list)
     uss_under_load: list[float] = dataclasses.field(default_factory=list)
     uss_under_load_all: dict[int, float] = dataclasses.field(default_factory=dict)
@@ -77,25 +83,8 @@ class Ctx:
 
 def ensure_peer(ctx: Ctx, venv: str) -> None:
     """The peer's own virtualenv (created if missing): ctx.peer_python, or ctx.peer_error."""
-    py = os.path.join(venv, "bin", "python")
-    probe = [py, "-c", "import kinesis, importlib.metadata as m; print(m.version('async-kinesis'))"]
-    try:
-        if os.path.exists(py) and subprocess.run(probe, capture_output=True, text=True, timeout=60).returncode == 0:
-            ctx.peer_python = py
-            return
-        ctx.log(f"creating the peer's virtualenv {venv} ({PEER_PACKAGE}) ...")
-        subprocess.run([sys.executable, "-m", "venv", "--clear", venv], check=True, capture_output=True, timeout=300)
-        pip = subprocess.run([py, "-m", "pip", "install", "-q", PEER_PACKAGE], capture_output=True, text=True, timeout=900)
-        if pip.returncode != 0:
-            ctx.peer_error = f"pip install {PEER_PACKAGE} failed: {pip.stderr.strip().splitlines()[-1:]}"
-            return
-        check = subprocess.run(probe, capture_output=True, text=True, timeout=60)
-        if check.returncode != 0:
-            ctx.peer_error = f"{PEER_PACKAGE} installed but does not import: {check.stderr.strip()[-300:]}"
-            return
-        ctx.peer_python = py
-    except Exception as e:  # recorded in results.json
-        ctx.peer_error = f"could not set up {venv}: {e!r:.300}"
+    ctx.peer_python, ctx.peer_error = ensure_venv(
+        venv, PEER_PACKAGE, "import kinesis, importlib.metadata as m; print(m.version('async-kinesis'))", ctx.log)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                     help="override one parameter of the mode, e.g. --set 'scale_sizes=[16]' (recorded in the JSON)")
     ap.add_argument("--peer-venv", default=os.path.join(HERE, ".venv-peer"), help="the peer's virtualenv [bench/.venv-peer]")
+    ap.add_argument("--kclrs-venv", default=os.path.join(HERE, ".venv-kclrs"),
+                    help="kcl-rs's virtualenv [bench/.venv-kclrs]")
+    ap.add_argument("--merge", action="store_true",
+                    help="merge into --out: replace the figures of the sections run, keep the others")
     a = ap.parse_args(argv)
     only = [s for s in a.only.split(",") if s]
     skip = [s for s in a.skip.split(",") if s]
@@ -130,6 +123,28 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Ctx(quick=a.quick, full_year=a.full_year, sections=sections, params=params, timings=timings,
               timeout_s=120.0 if a.quick else 300.0)
     res = Results("quick" if a.quick else "default", {**params, **timings, "sections": list(sections)})
+    base = None
+    if a.merge and os.path.exists(a.out):
+        with open(a.out) as f:
+            base = json.load(f)
+
+    def write() -> None:
+        if base is None:
+            res.write(a.out)
+            return
+        tmp = f"{a.out}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(merge_results(base, res.to_json()), f, indent=1)
+            f.write("\n")
+        os.replace(tmp, a.out)
+
+    if "peer_kcl_rs" in sections:
+        from .peer_kcl_rs import ensure_kclrs
+
+        ensure_kclrs(ctx, a.kclrs_venv)
+        if ctx.kclrs_error:
+            res.note(f"kcl-rs not run: {ctx.kclrs_error}")
+            ctx.log(ctx.kclrs_error)
     if "peer" in sections:
         ensure_peer(ctx, a.peer_venv)
         if ctx.peer_error:
@@ -148,15 +163,16 @@ def main(argv: list[str] | None = None) -> int:
             ctx.log(f"{name} FAILED: {e!r}")
             traceback.print_exc()
         res.timings[name] = time.monotonic() - t
-        res.write(a.out)  # partial results survive a crash later on
+        write()  # partial results survive a crash later on
 
-    needs_ray = [s for s in sections if s in ("throughput", "latency", "memory", "failover", "scale", "efo")]
+    needs_ray = [s for s in sections if s in ("throughput", "latency", "memory", "failover", "scale", "peer_kcl_rs",
+                                              "efo")]
     if needs_ray:
         import ray
 
         from kinesis_actors.emulator import Emulator
 
-        from . import efo, failover, latency, memory, scale, throughput
+        from . import efo, failover, latency, memory, peer_kcl_rs, scale, throughput
 
         t = time.monotonic()
         with Emulator() as emu:
@@ -174,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             ctx.log(f"emulator at {emu.endpoint} and Ray up in {time.monotonic() - t:.1f} s")
             try:
                 for name, mod in (("throughput", throughput), ("latency", latency), ("memory", memory),
-                                  ("failover", failover), ("scale", scale), ("efo", efo)):
+                                  ("failover", failover), ("scale", scale), ("peer_kcl_rs", peer_kcl_rs),
+                                  ("efo", efo)):
                     if name in sections:
                         section(name, mod.run)
             finally:
@@ -186,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import demo
 
         section("demo", demo.run)
-    res.write(a.out)
+    write()
     print(res.table())
     from .report import CHAOS_LOCAL, CHAOS_PATH, chaos_markdown
 

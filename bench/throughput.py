@@ -248,6 +248,9 @@ def run(ctx: Any, res: Results) -> None:
             ctx.log(f"  {kind:11s} rep {rep + 1}: steady {r['steady'] or 0:,.0f} rec/s, e2e {r['e2e'] or 0:,.0f} rec/s, "
                     f"CPU {r['cpu_s']:.2f} s ({r['cpu_per_mb'] or 0:.4f} s/MB)")
 
+    ctx.tp = {"stream": stream, "shard_ids": shard_ids, "expect": expect, "bytes": nbytes, "size": size, "runs": runs}
+    # (the peer_kcl_rs section reads kcl-rs from this stream and reuses these runs)
+
     def med(kind: str, key: str) -> float | None:
         return median(r[key] for r in runs[kind])
 
@@ -330,6 +333,7 @@ def run(ctx: Any, res: Results) -> None:
             return
         pr["events"] = [tuple(e) for e in pr["events"]]
         pr.update(_rates(pr, "t0"))
+        ctx.tp["peer"] = pr
         ctx.log(f"  peer: steady {pr['steady'] or 0:,.0f} rec/s, CPU {pr['cpu_s']:.2f} s")
         res.add("peer", "peer_records_per_s", pr["steady"], "rec/s", anchor="raw_single_records_per_s", anchor_value=single,
                 note="async-kinesis 3.0.1 (own venv, aiobotocore), Consumer TRIM_HORIZON, StringProcessor, "

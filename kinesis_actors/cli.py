@@ -35,12 +35,12 @@ from .console import (
 )
 from .console import progress as progress_display
 from .leases.view import add_lag, print_lease_table, scan_lease_rows
+from .publisher import MAX_REQUEST_RECORDS
 
 __all__ = ["main", "cli"]
 
 log = logging.getLogger(__name__)
 
-_PUT_CHUNK = 500  # records per put_many call (one PutRecords request)
 
 
 class _Group(click.Group):
@@ -181,8 +181,8 @@ def publish(stream: str, path: str, key: str, endpoint: str | None, region: str 
     total_bytes = sum(len(d) for d, _ in items)
     started = time.monotonic()
     with progress_display(len(items), "publish", "rec", enabled=progress) as bar:
-        for i in range(0, len(items), _PUT_CHUNK):
-            chunk = items[i : i + _PUT_CHUNK]
+        for i in range(0, len(items), MAX_REQUEST_RECORDS):
+            chunk = items[i : i + MAX_REQUEST_RECORDS]
             publisher.put_many(chunk)
             bar.update(len(chunk))
     took = time.monotonic() - started

@@ -469,16 +469,36 @@ class CoordinatorCore:
 
     async def _start_reader(self, reader: _Reader) -> None:
         """Create reader ``reader.id`` and wait until it answers; on failure forget it (the
-        upkeep retries with backoff, and the error is kept for :class:`StartError`)."""
+        upkeep retries with backoff, and the error is kept for :class:`StartError`).
+
+        A reader that has not answered within ``reader_start_timeout_s`` while another
+        reader of the pool has is slow (many actors starting at once on a loaded node), not
+        failing: it is waited for, and the first pass's own deadline decides. Only when no
+        reader of the pool answered in that time (resources no node has, a node that cannot
+        start workers) does the timeout count as a failed start."""
+        ping: asyncio.Future[Any] | None = None
         try:
             reader.handle = self._launch(reader.id)
-            await asyncio.wait_for(reader.handle.ping(), self._reader_start_timeout_s)
+            ping = asyncio.ensure_future(reader.handle.ping())
+            while True:
+                try:
+                    await asyncio.wait_for(asyncio.shield(ping), self._reader_start_timeout_s)
+                    break
+                except asyncio.TimeoutError:
+                    if not any(r.ready for r in self._readers.values()):
+                        raise
+                    log.info("reader %d still starting after %.0f s; waiting for it", reader.id,
+                             self._reader_start_timeout_s)
         except asyncio.CancelledError:  # closing while it started
+            if ping is not None:
+                ping.cancel()
             self._readers.pop(reader.id, None)
             if reader.handle is not None:
                 reader.handle.kill()
             raise
         except Exception as e:
+            if ping is not None:
+                ping.cancel()
             self._readers.pop(reader.id, None)
             if reader.handle is not None:
                 reader.handle.kill()

@@ -43,7 +43,7 @@ from .leases.memory import InProcessLeaseStore
 
 __all__ = ["InProcessLeaseStore", "FlakyLeaseStore", "Fault", "FaultInjector", "FaultCall", "with_faults",
            "FakeKinesis", "FakeShard", "FakeSubscription", "encode_event_frame", "FakeClock", "LocalReader",
-           "client_error"]
+           "client_error", "kpl_aggregate"]
 
 
 class FlakyLeaseStore:
@@ -490,6 +490,28 @@ def with_faults(broker: Any, injector: FaultInjector | None, *, lease_store: boo
 
 
 # ---------------------------------------------------------------------------- in-memory Kinesis
+def kpl_aggregate(users: list[tuple[str, bytes]]) -> tuple[str, str, bytes]:
+    """One KPL aggregated record holding ``users`` (partition key, data) in order.
+
+    Built with ``aws-kinesis-agg``'s ``RecordAggregator`` (the format the KPL writes), so
+    tests feed readers the bytes producers really send.
+
+    Returns:
+        (partition key, explicit hash key, the aggregated bytes) for one ``PutRecord``.
+
+    Raises:
+        ValueError: the users do not fit in one aggregated record (1 MiB).
+    """
+    from aws_kinesis_agg.aggregator import RecordAggregator
+
+    agg = RecordAggregator()
+    for key, data in users:
+        if agg.add_user_record(key, data) is not None:
+            raise ValueError(f"{len(users)} user records do not fit in one aggregated record")
+    pk, ehk, blob = agg.clear_and_get().get_contents()
+    return pk, ehk, blob
+
+
 def client_error(code: str, operation: str = "GetRecords", status: int = 400) -> Exception:
     """A botocore ``ClientError`` with AWS error code ``code`` (as boto3 raises it)."""
     from botocore.exceptions import ClientError

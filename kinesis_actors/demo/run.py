@@ -41,12 +41,12 @@ from ..console import (
     start_ray,
 )
 from ..leases.view import print_lease_table, scan_lease_rows
+from ..publisher import MAX_REQUEST_RECORDS
 
 __all__ = ["DemoOptions", "DemoRun"]
 
 log = logging.getLogger(__name__)
 
-_PUT_CHUNK = 500  # records per put_many call (one PutRecords request)
 
 
 @dataclasses.dataclass
@@ -374,7 +374,7 @@ class DemoRun:
         with progress(len(items), "publish", "ev", enabled=bool(o.progress), position=0) as bar:
             i = 0
             while i < len(items):
-                end = min(i + _PUT_CHUNK, len(items))
+                end = min(i + MAX_REQUEST_RECORDS, len(items))
                 if o.failover and self.crashed is None and i < half < end:
                     end = half  # stop exactly half-way, crash, then go on
                 chunk = items[i:end]

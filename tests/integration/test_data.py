@@ -100,15 +100,12 @@ def test_end_at_and_start_at_timestamp(endpoint: str, unique: str) -> None:
 
 
 def test_kpl_aggregates_are_split_into_user_records(endpoint: str, unique: str) -> None:
-    from aws_kinesis_agg.aggregator import RecordAggregator
+    from kinesis_actors.testing import kpl_aggregate
 
     stream = f"data-kpl-{unique}"
     create_stream(endpoint, stream, 1)
-    agg = RecordAggregator()
     users = [f"user-{i}".encode() for i in range(10)]
-    for i, u in enumerate(users):
-        agg.add_user_record(f"pk-{i}", u)
-    pk, ehk, blob = agg.clear_and_get().get_contents()
+    pk, ehk, blob = kpl_aggregate([(f"pk-{i}", u) for i, u in enumerate(users)])
     client = kinesis_client(endpoint)
     client.put_record(StreamName=stream, Data=b"plain-before", PartitionKey="p")
     client.put_record(StreamName=stream, Data=blob, PartitionKey=pk, **({"ExplicitHashKey": ehk} if ehk else {}))

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import ray
-from aws_kinesis_agg.aggregator import RecordAggregator
 
 from kinesis_actors.broker import KinesisBroker
 from kinesis_actors.config import KinesisStream
 from kinesis_actors.records import StartAt
-from kinesis_actors.testing import Fault, FaultInjector, with_faults
+from kinesis_actors.testing import Fault, FaultInjector, kpl_aggregate, with_faults
 
 from .helpers import Collector, create_stream, drain, kinesis_client, wait_until
 from .kinesalite_bench import PARENT, POLL, broker_factory, lease_store, publish
@@ -141,12 +140,8 @@ def test_expired_iterator_twice_in_a_row_resumes_after_the_last_acknowledged_rec
 
 def aggregate(prefix: str, n: int) -> tuple[str, str, bytes, list[tuple[str, bytes]]]:
     """A KPL aggregated record of ``n`` user records: (partition key, explicit hash key, bytes, users)."""
-    agg = RecordAggregator()
     users = [(f"{prefix}-key-{i}", f"{prefix}-{i}".encode()) for i in range(n)]
-    for key, data in users:
-        assert agg.add_user_record(key, data) is None
-    pk, ehk, blob = agg.clear_and_get().get_contents()
-    return pk, ehk, blob, users
+    return (*kpl_aggregate(users), users)
 
 
 def test_kpl_aggregate_crash_after_part_of_it_was_acknowledged_resumes_inside_it(

@@ -29,22 +29,33 @@ def test_outputs_are_stripped(path: pathlib.Path) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_runs_top_to_bottom(path: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from nbclient import NotebookClient
-
     monkeypatch.setenv("MPLBACKEND", "Agg")
     ray_tmp = tempfile.mkdtemp(prefix="ka-nb-", dir="/tmp")  # short: Ray's socket paths are limited to 107 bytes
     monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
+    try:
+        book, error = _execute(path, tmp_path)
+        if error and "The current node timed out during startup" in error:  # Ray's fixed 30 s raylet wait,
+            book, error = _execute(path, tmp_path)                            # on an overloaded machine: once more
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert error is None, error
+    texts = [_text(o) for c in book.cells if c.cell_type == "code" for o in c.outputs]
+    for warning in ("IProgress not found", "Missing packages"):  # tqdm and Ray without ipywidgets
+        assert not [t for t in texts if warning in t], f"{path.name} printed {warning!r}"
+
+
+def _execute(path: pathlib.Path, tmp_path: pathlib.Path) -> tuple[nbformat.NotebookNode, str | None]:
+    """Run the notebook in a fresh kernel up to its first failing cell: (the notebook, that cell's error or None)."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
     book = nbformat.read(path, as_version=4)
     client = NotebookClient(book, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     try:
         client.execute()
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-    errors = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    assert not errors
-    texts = [_text(o) for c in book.cells if c.cell_type == "code" for o in c.outputs]
-    for warning in ("IProgress not found", "Missing packages"):  # tqdm and Ray without ipywidgets
-        assert not [t for t in texts if warning in t], f"{path.name} printed {warning!r}"
+    except CellExecutionError as e:
+        return book, str(e)
+    return book, None
 
 
 def _text(output: dict) -> str:

@@ -7,7 +7,7 @@ import pytest
 from kinesis_actors.errors import InvalidError, StreamError
 from kinesis_actors.kinesis import MIN_CALL_SPACING_S, ShardFetcher, backoff_s
 from kinesis_actors.records import StartAt
-from kinesis_actors.testing import FakeClock, FakeShard
+from kinesis_actors.testing import FakeClock, FakeShard, kpl_aggregate
 
 
 def fetcher(shard: FakeShard, clock: FakeClock, **kw: object) -> ShardFetcher:
@@ -107,12 +107,7 @@ def test_shard_end_by_a_null_iterator_or_by_the_ending_sequence_number() -> None
 
 
 def test_resuming_inside_a_kpl_aggregate_drops_the_user_records_already_returned() -> None:
-    from aws_kinesis_agg.aggregator import RecordAggregator
-
-    agg = RecordAggregator()
-    for i in range(4):
-        agg.add_user_record(f"pk{i}", f"user-{i}".encode())
-    _, _, blob = agg.clear_and_get().get_contents()
+    _, _, blob = kpl_aggregate([(f"pk{i}", f"user-{i}".encode()) for i in range(4)])
     shard, clock = FakeShard(), FakeClock()
     shard.add(1, data=blob)
     f = fetcher(shard, clock, start=StartAt.after_sequence_number("1", 1))

@@ -10,7 +10,7 @@ import pytest
 
 from kinesis_actors import SHARD_END, SinkError, StartAt
 from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer
-from kinesis_actors.testing import FakeShard, FlakyLeaseStore, InProcessLeaseStore
+from kinesis_actors.testing import FakeShard, FlakyLeaseStore, InProcessLeaseStore, kpl_aggregate
 
 STREAM, SHARD = "s", "shardId-000000000000"
 
@@ -182,12 +182,7 @@ def test_latest_is_recorded_once_as_a_timestamp() -> None:
 
 
 def test_resume_inside_a_kpl_aggregate_after_a_partial_ack() -> None:
-    from aws_kinesis_agg.aggregator import RecordAggregator
-
-    agg = RecordAggregator()
-    for i in range(6):
-        agg.add_user_record(f"pk{i}", f"user-{i}".encode())
-    _, _, blob = agg.clear_and_get().get_contents()
+    _, _, blob = kpl_aggregate([(f"pk{i}", f"user-{i}".encode()) for i in range(6)])
     shard, store = FakeShard(), InProcessLeaseStore()
     shard.add(1, data=blob)
     first = Recorder()

@@ -38,7 +38,8 @@ class Instance:
 
     def __init__(self, kinesis: FakeKinesis, rows: InProcessLeaseStore, *, owner: str = "a", cap: int = 4,
                  start_delay_s: float = 0.05, max_buffered_bytes: int = 64 << 20, fail_starts: int = 0,
-                 deliver: Callable[[list[Record]], Any] | None = None, **stream_kwargs: Any) -> None:
+                 deliver: Callable[[list[Record]], Any] | None = None, reader_start_timeout_s: float = 5.0,
+                 **stream_kwargs: Any) -> None:
         self.delivered: list[tuple[str, int, float]] = []
         self.batches: list[tuple[str, int, int]] = []  # (shard, first seq, last seq)
         self.readers: list[LocalReader] = []
@@ -79,7 +80,7 @@ class Instance:
                                max_shards_per_reader=cap, **stream_kwargs)
         self.core = CoordinatorCore(stream, aws=None, store=rows, owner_id=owner,  # type: ignore[arg-type]
                                     lease_duration_s=LEASE_S, renew_interval_s=RENEW_S, launcher=launch,
-                                    kinesis=kinesis, call_timeout_s=5.0, reader_start_timeout_s=5.0)
+                                    kinesis=kinesis, call_timeout_s=5.0, reader_start_timeout_s=reader_start_timeout_s)
 
     def seen(self) -> set[tuple[str, int]]:
         return {(s, q) for s, q, _ in self.delivered}
@@ -283,6 +284,21 @@ def test_the_first_pass_waits_for_slow_readers_within_its_deadline() -> None:
         assert time.monotonic() - t0 >= 0.8, "it waited for the readers"
         assert sorted(inst.core.held()) == sorted(kinesis.shards)
         await until(lambda: len(inst.seen()) == 18, 5, "every record")
+        await inst.core.close()
+
+    asyncio.run(scenario())
+
+
+def test_readers_slower_than_their_start_timeout_are_waited_for_while_another_reader_answered() -> None:
+    async def scenario() -> None:
+        kinesis, rows = FakeKinesis(6, records=2), InProcessLeaseStore()
+        inst = Instance(kinesis, rows, cap=2, reader_start_timeout_s=0.2)
+        inst.start_delays = [0.02, 0.8, 0.8, 0.8]  # a pool of 4; three take 4x their start timeout
+        await inst.core.start(10)
+        assert sorted(inst.core.held()) == sorted(kinesis.shards)
+        assert inst.core.counters["reader_start_failures"] == 0, "slow is not failed"
+        assert len(inst.readers) == 4 and not any(r.dead for r in inst.readers), "none killed and started again"
+        await until(lambda: len(inst.seen()) == 12, 5, "every record")
         await inst.core.close()
 
     asyncio.run(scenario())
