@@ -7,7 +7,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: install lint demo notebooks test test-fast test-integration test-kinesalite test-notebooks test-cluster test-chaos bench clean
+.PHONY: install lint demo notebooks test test-fast test-integration test-kinesalite test-kinesis-mock test-notebooks test-cluster test-chaos bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +35,7 @@ test-fast: install
 	$(BIN)/python -m pytest tests/unit tests/contract $(PYTEST_ARGS)
 
 test-integration: install
-	$(BIN)/python -m pytest tests/integration -m "not kinesalite" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/integration -m "not kinesalite and not kinesis_mock" $(PYTEST_ARGS)
 
 KINESALITE := tests/kinesalite
 $(KINESALITE)/node_modules/.installed: $(KINESALITE)/package-lock.json
@@ -44,6 +44,11 @@ $(KINESALITE)/node_modules/.installed: $(KINESALITE)/package-lock.json
 
 test-kinesalite: install $(KINESALITE)/node_modules/.installed  # resharding etc. on kinesalite (npm); fails if it cannot start
 	KINESALITE_REQUIRED=1 $(BIN)/python -m pytest tests/integration -m kinesalite $(PYTEST_ARGS)
+
+# Enhanced fan-out on kinesis-mock (npm kinesis-local, pinned in kinesis_actors/emulator/kinesis_local/);
+# installed with npm ci into ~/.cache/kinesis-actors (or $$KINESIS_ACTORS_CACHE) on first use; fails if it cannot start
+test-kinesis-mock: install
+	KINESIS_MOCK_REQUIRED=1 $(BIN)/python -m pytest tests/integration -m kinesis_mock $(PYTEST_ARGS)
 
 test-notebooks: install  # notebooks/ run top to bottom with nbclient (outputs stripped in the repo)
 	$(BIN)/python -m pytest tests/notebooks $(PYTEST_ARGS)
@@ -55,7 +60,7 @@ test-chaos: install  # tests/chaos: kill readers, Coordinators, nodes, drivers o
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
 test: install lint $(KINESALITE)/node_modules/.installed  # everything .ci/run runs: lint, one pytest session, then the chaos suite's own
-	KINESALITE_REQUIRED=1 $(BIN)/python -m pytest tests $(PYTEST_ARGS)
+	KINESALITE_REQUIRED=1 KINESIS_MOCK_REQUIRED=1 $(BIN)/python -m pytest tests $(PYTEST_ARGS)
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
 bench: install  # benchmarks -> table + bench/results.json (BENCH_ARGS=--quick for a tiny run)

@@ -20,7 +20,7 @@ from typing import Any  # noqa: E402
 from .common import Results, ensure_venv, merge_results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SECTIONS = ("throughput", "peer", "latency", "memory", "failover", "scale", "peer_kcl_rs", "demo")
+SECTIONS = ("throughput", "peer", "latency", "memory", "failover", "scale", "peer_kcl_rs", "efo", "demo")
 PEER_PACKAGE = "async-kinesis==3.0.1"
 
 DEFAULT = {
@@ -33,7 +33,7 @@ DEFAULT = {
     "scale_sweep_size": 256, "scale_sweep_caps": [32, 64, 128, 256], "scale_dynamo_shards": 1000,
     "scale_dynamo_timings": [[10.0, 3.0], [30.0, 10.0]], "scale_dynamo_window_s": 40.0, "scale_probe_threads": 16,
     "scale_probe_s": 4.0,
-    "demo_args": ["--month", "1"], "demo_timeout_s": 900,
+    "demo_args": ["--month", "1"], "demo_timeout_s": 900, "efo_seconds": 30.0,
     "kclrs_memory_sizes": [4, 64], "kclrs_default_cold": True, "kclrs_matched_cold": True, "kclrs_two_workers": True,
     "kclrs_balance_shards": 8, "kclrs_memory_side_by_side": False,
 }
@@ -46,7 +46,7 @@ QUICK = {
     "scale_idle_s": 4.0, "scale_settle_s": 1.0, "scale_timeout_s": 180.0, "scale_cap1_sizes": [16],
     "scale_sweep_size": 256, "scale_sweep_caps": [], "scale_dynamo_shards": 1000,
     "scale_dynamo_timings": [], "scale_dynamo_window_s": 40.0, "scale_probe_threads": 16, "scale_probe_s": 4.0,
-    "demo_args": ["--day", "2013-01-01"], "demo_timeout_s": 300,
+    "demo_args": ["--day", "2013-01-01"], "demo_timeout_s": 300, "efo_seconds": 6.0,
     "kclrs_memory_sizes": [4], "kclrs_default_cold": False, "kclrs_matched_cold": False, "kclrs_two_workers": False,
     "kclrs_balance_shards": 8, "kclrs_memory_side_by_side": True,
 }
@@ -165,13 +165,14 @@ def main(argv: list[str] | None = None) -> int:
         res.timings[name] = time.monotonic() - t
         write()  # partial results survive a crash later on
 
-    needs_ray = [s for s in sections if s in ("throughput", "latency", "memory", "failover", "scale", "peer_kcl_rs")]
+    needs_ray = [s for s in sections if s in ("throughput", "latency", "memory", "failover", "scale", "peer_kcl_rs",
+                                              "efo")]
     if needs_ray:
         import ray
 
         from kinesis_actors.emulator import Emulator
 
-        from . import failover, latency, memory, peer_kcl_rs, scale, throughput
+        from . import efo, failover, latency, memory, peer_kcl_rs, scale, throughput
 
         t = time.monotonic()
         with Emulator() as emu:
@@ -189,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             ctx.log(f"emulator at {emu.endpoint} and Ray up in {time.monotonic() - t:.1f} s")
             try:
                 for name, mod in (("throughput", throughput), ("latency", latency), ("memory", memory),
-                                  ("failover", failover), ("scale", scale), ("peer_kcl_rs", peer_kcl_rs)):
+                                  ("failover", failover), ("scale", scale), ("peer_kcl_rs", peer_kcl_rs),
+                                  ("efo", efo)):
                     if name in sections:
                         section(name, mod.run)
             finally:

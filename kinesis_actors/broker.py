@@ -217,6 +217,20 @@ class KinesisBroker:
                     log.debug("closing the memory lease store failed", exc_info=True)
         return None
 
+    def deregister_stream_consumer(self, stream: str, consumer_name: str) -> bool:
+        """Deregister the enhanced fan-out stream consumer ``consumer_name`` of ``stream``
+        (``DeregisterStreamConsumer``): the explicit call, as closing a subscription never
+        does it (KCL neither). Every subscription still reading through it loses its
+        ``SubscribeToShard`` streams. Returns False if it did not exist.
+
+        Raises:
+            InvalidError: a malformed stream name. NotConnectedError: not connected.
+            StreamError: the stream does not exist. KinesisError: another error, translated.
+        """
+        from .fanout import deregister_stream_consumer
+
+        return deregister_stream_consumer(self._state.client("kinesis"), validate_stream_name(stream), consumer_name)
+
     # ------------------------------------------------------------------ handles
     def publisher(self, stream: str) -> Publisher:
         """A :class:`Publisher` for ``stream``; may be taken before ``connect()``.

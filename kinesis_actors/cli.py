@@ -78,19 +78,32 @@ _test_credentials_option = click.option(
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback IP address to bind.")
 @click.option("--port", type=click.IntRange(0, 65535), default=4567, show_default=True,
               help="TCP port (0: any free port).")
-def emulator(host: str, port: int) -> None:
+@click.option("--efo", is_flag=True, help="Enhanced fan-out: Kinesis on kinesis-mock (needs Node.js; npm installs "
+              "kinesis-local into a cache folder once), DynamoDB on moto at --port. Prints both URLs.")
+def emulator(host: str, port: int, efo: bool) -> None:
     """Serve the embedded emulator (Kinesis + DynamoDB, moto) until Ctrl-C."""
-    from .emulator import serve
+    from .emulator import KinesisMock, serve
+
+    mock = KinesisMock().start() if efo else None
 
     def ready(endpoint: str) -> None:
-        click.echo(endpoint)
-        click.echo(f"emulator listening on {endpoint} (Kinesis + DynamoDB); Ctrl-C stops it", err=True)
+        if mock is not None:
+            click.echo(mock.endpoint)
+            click.echo(endpoint)
+            click.echo(f"Kinesis (kinesis-mock, SubscribeToShard) on {mock.endpoint}, DynamoDB (moto) on {endpoint}; "
+                       "Ctrl-C stops them", err=True)
+        else:
+            click.echo(endpoint)
+            click.echo(f"emulator listening on {endpoint} (Kinesis + DynamoDB); Ctrl-C stops it", err=True)
         sys.stdout.flush()
 
     try:
         serve(host, port, ready=ready)
     except OSError as exc:
         raise CliError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+    finally:
+        if mock is not None:
+            mock.stop()
     click.echo("emulator stopped", err=True)
 
 

@@ -17,7 +17,8 @@ from typing import Any
 from .errors import InvalidError
 from .records import StartAt
 
-__all__ = ["KinesisStream", "validate_stream_name", "positive_duration", "DEFAULT_MAX_SHARDS_PER_READER"]
+__all__ = ["KinesisStream", "validate_stream_name", "positive_duration", "DEFAULT_MAX_SHARDS_PER_READER",
+           "RETRIEVAL_MODES"]
 
 DEFAULT_MAX_SHARDS_PER_READER = 128
 """Default ``KinesisStream.max_shards_per_reader``. Chosen by ``python -m bench --only scale``
@@ -29,6 +30,8 @@ second. Hosts with many cores read more in parallel with a smaller cap (one proc
 holds the GIL)."""
 
 _STREAM_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
+_CONSUMER_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
+RETRIEVAL_MODES = ("polling", "fanout")
 _READER_OPTION_KEYS = frozenset(
     {"num_cpus", "num_gpus", "memory", "resources", "scheduling_strategy", "runtime_env", "label_selector"}
 )
@@ -110,6 +113,16 @@ class KinesisStream:
         sink_method: name of the sink actor's method called with each batch ("process_batch").
         dead_letter: a ``Publisher`` that receives a batch the sink refused
             ``max_sink_retries`` times; the batch is acknowledged only once published there.
+        retrieval: how shards are read: ``"polling"`` (default: ``GetRecords``, a read
+            limit shared by every polling consumer of the stream) or ``"fanout"``
+            (enhanced fan-out: ``SubscribeToShard`` through the stream consumer
+            ``consumer_name``, with its own throughput per shard). See the README's
+            "Enhanced fan-out".
+        consumer_name: the stream consumer's name (1-128 of ``[a-zA-Z0-9_.-]``), required
+            with ``retrieval="fanout"``: registered on the first subscribe if missing
+            (``RegisterStreamConsumer``), else reused, and shared by every reader and
+            instance of the application. Closing never deregisters it
+            (``KinesisBroker.deregister_stream_consumer`` does).
 
     Raises:
         InvalidError: any value out of range, named in the message.
@@ -133,6 +146,8 @@ class KinesisStream:
     max_sink_retries: int = 5
     sink_method: str = "process_batch"
     dead_letter: Any = None
+    retrieval: str = "polling"
+    consumer_name: str | None = None
 
     def __post_init__(self) -> None:
         validate_stream_name(self.name)
@@ -170,6 +185,15 @@ class KinesisStream:
                 raise InvalidError(f"unknown {what} {sorted(unknown)}; allowed: {sorted(_READER_OPTION_KEYS)}")
         if self.dead_letter is not None and not callable(getattr(self.dead_letter, "put_many", None)):
             raise InvalidError(f"dead_letter must be a Publisher (with put_many), got {self.dead_letter!r}")
+        if self.retrieval not in RETRIEVAL_MODES:
+            raise InvalidError(f"retrieval must be one of {list(RETRIEVAL_MODES)}, got {self.retrieval!r}")
+        if self.consumer_name is not None and (not isinstance(self.consumer_name, str)
+                                               or not _CONSUMER_RE.match(self.consumer_name)):
+            raise InvalidError(f"consumer_name must be 1-128 characters of [a-zA-Z0-9_.-], got {self.consumer_name!r}")
+        if self.retrieval == "fanout" and self.consumer_name is None:
+            raise InvalidError('retrieval="fanout" needs consumer_name= (the stream consumer to register or reuse)')
+        if self.retrieval == "polling" and self.consumer_name is not None:
+            raise InvalidError(f'consumer_name={self.consumer_name!r} is only used with retrieval="fanout"')
 
     def actor_options(self) -> dict[str, Any]:
         """Ray ``.options()`` for a ShardReader: defaults ``num_cpus=0``, ``SPREAD``, then ``reader_options``."""

@@ -24,11 +24,14 @@ Fault model:
 
 The first pass (:meth:`CoordinatorCore.start`) starts the pool in parallel, waits for
 room, then takes the leases and opens them (each reader holds its first iterator
-before it returns). It never fails because an actor is slow: it waits up to its
-deadline, then raises :class:`~kinesis_actors.errors.StartError` saying how many
-shards opened and why the others did not. A reader that fails to start is retried
-by the pool upkeep with backoff; a lease waits for room, never for a re-resolved
-``LATEST`` (a consumer records its start position before it reads).
+before it returns; with ``retrieval="fanout"`` the pass first registers or finds the
+stream consumer, and "open" means the shard's first ``SubscribeToShard`` was accepted:
+its first frame arrived and was not a refusal).
+It never fails because an actor is slow: it waits up to its deadline, then raises
+:class:`~kinesis_actors.errors.StartError` saying how many shards opened and why the
+others did not. A reader that fails to start is retried by the pool upkeep with
+backoff; a lease waits for room, never for a re-resolved ``LATEST`` (a consumer
+records its start position before it reads).
 
 Balancing: the Coordinator heartbeats a presence row every ``renew_interval_s``
 (deleted on a clean close) and, at each lease poll, runs the pure planner of
@@ -70,6 +73,7 @@ from .aws import AwsSettings
 from .balancing import BalancePlan, ShardState, plan_leases
 from .config import KinesisStream
 from .errors import KinesisError, StartError
+from .fanout import ensure_stream_consumer
 from .kinesis import ShardInfo, describe_stream, list_shards
 from .leases.protocol import Lease, LeaseStore
 from .metrics import coordinator_tick
@@ -227,6 +231,7 @@ class CoordinatorCore:
         self._last_start_error: BaseException | None = None
         self._threads = concurrent.futures.ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="ka-coordinator")
         self.last_plan: BalancePlan | None = None
+        self.consumer_arn: str | None = None  # the stream consumer (retrieval="fanout"), registered by start()
 
     async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking call (lease store, ListShards) in this Coordinator's threads."""
@@ -259,6 +264,11 @@ class CoordinatorCore:
         deadline = self._clock() + timeout_s
         self._presence_task = asyncio.create_task(self._presence_loop(), name=f"presence-{self.stream.name}")
         try:
+            if self.stream.retrieval == "fanout" and self.consumer_arn is None:
+                assert self.stream.consumer_name is not None  # KinesisStream checks it
+                self.consumer_arn = await self._io(ensure_stream_consumer, self._kinesis, self.stream.name,
+                                                   self.stream.consumer_name,
+                                                   wait_s=max(1.0, deadline - self._clock()))
             await self.sync_shards()
             outcome = await self.poll_leases(deadline=deadline)
         except Exception as e:  # parked: the subscription reports it on the next call
@@ -865,7 +875,7 @@ class CoordinatorCore:
             lease_duration_s=self.lease_duration_s, renew_interval_s=self.renew_interval_s,
             ending_sequence_number=shard.ending_sequence_number, max_records=cfg.max_records,
             idle_wait_s=cfg.idle_wait_s, max_idle_wait_s=cfg.max_idle_wait_s, max_sink_retries=cfg.max_sink_retries,
-            dead_letter=cfg.dead_letter,
+            dead_letter=cfg.dead_letter, consumer_arn=self.consumer_arn,
         )
 
     def _read_table(self) -> tuple[dict[str, Lease], list[str]]:
@@ -1042,7 +1052,8 @@ def _make_ray_actor() -> Any:
 
             def launch(_: int) -> ReaderHandle:
                 return _RayReaderHandle(ShardReader.options(**options).remote(
-                    store, target, aws, call_timeout_s, stream.max_buffered_bytes))
+                    store, target, aws, call_timeout_s, stream.max_buffered_bytes,
+                    stream_threads=stream.max_shards_per_reader))
 
             on_fatal = (lambda err: pull_queue.fail.remote(err)) if pull_queue is not None else None
             self.core = CoordinatorCore(stream, aws=aws, store=store, owner_id=owner_id,

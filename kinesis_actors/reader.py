@@ -6,7 +6,8 @@ Layers, each testable alone:
   (:class:`ConsumerState`): open the shard, then GetRecords -> deliver -> acknowledge ->
   checkpoint, with its own renew task, until shard end, a lost lease, a stop or a handoff.
   It reads through :class:`~kinesis_actors.kinesis.ShardFetcher`, the read path it
-  shares with ``read_kinesis``.
+  shares with ``read_kinesis``, or with ``retrieval="fanout"`` through
+  :class:`~kinesis_actors.fanout.FanOutFetcher` (``SubscribeToShard``) behind the same seam.
 * :class:`ShardReaderCore`: the consumers of one process (plain asyncio, no Ray): adds and
   stops them, reports how each ended, and owns what they share: the thread pools of
   blocking calls (:class:`ReaderIo`) and the byte budget (:class:`ByteBudget`).
@@ -51,6 +52,14 @@ What consumers of one process share, and why none holds up another:
   process (``max_buffered_bytes``): a consumer fetches only when the budget admits it,
   and the budget never holds more than ``max_buffered_bytes`` plus one ``GetRecords``
   response, whatever the number of shards.
+* Enhanced fan-out: the loop reads one event per step, in a third pool (one thread per
+  subscribed shard, as each HTTP/1.1 subscription is one blocking connection), and
+  delivers it before it reads the next; meanwhile events wait in the connection's socket
+  buffers (TCP flow control slows the service's writes), never in an unbounded queue.
+  Each event read reserves :data:`~kinesis_actors.fanout.FANOUT_EVENT_RESERVE_BYTES` in
+  the byte budget. When the budget stays full for :data:`FANOUT_BUDGET_DROP_S`, the
+  subscription is dropped and opened again, once the budget admits the read, after the
+  last acknowledged record. A lost lease closes the subscription at once.
 """
 
 from __future__ import annotations
@@ -67,7 +76,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .aws import AwsSettings
+from .config import DEFAULT_MAX_SHARDS_PER_READER
 from .errors import InvalidError, KinesisError, LeaseLostError, SinkError
+from .fanout import FANOUT_EVENT_RESERVE_BYTES, FanOutFetcher
 from .kinesis import GET_RECORDS_MAX_BYTES, Fetched, ShardFetcher, backoff_s
 from .leases.protocol import SHARD_END, Lease, LeaseStore
 from .metrics import reader_tick
@@ -86,6 +97,10 @@ DEFAULT_MAX_BUFFERED_BYTES = 64 * 2**20
 
 DEFAULT_THREADS = 16
 """Threads (and HTTP connections) of each of a reader's two pools: Kinesis and lease store."""
+
+FANOUT_BUDGET_DROP_S = 1.0
+"""How long an enhanced fan-out loop waits on a full byte budget with its subscription open
+before it drops the subscription, seconds (it resubscribes once the budget admits it)."""
 
 
 class ConsumerState(enum.Enum):
@@ -155,6 +170,8 @@ class ReaderSpec:
             (the wait doubles while the shard stays empty).
         max_sink_retries: retries of a failing batch before ``SinkError``.
         dead_letter: a Publisher for batches the sink refused, or None.
+        consumer_arn: the registered stream consumer for enhanced fan-out
+            (``retrieval="fanout"``); None reads with ``GetRecords``.
     """
 
     stream: str
@@ -169,6 +186,7 @@ class ReaderSpec:
     max_idle_wait_s: float = 1.0
     max_sink_retries: int = 5
     dead_letter: Any = None
+    consumer_arn: str | None = None
 
     @property
     def call_timeout_s(self) -> float:
@@ -251,17 +269,23 @@ class ReaderIo:
     thread from the Kinesis pool only, never from the renewals; and :class:`CallLimit`
     holds Kinesis calls back while renewals are slow.
 
+    A third pool reads enhanced fan-out subscriptions (a read waits for the next event):
+    its threads are started only when used, one per subscribed shard at most.
+
     Args:
         kinesis_threads: threads for Kinesis calls (size the client's HTTP pool the same).
         store_threads: threads for lease-store calls.
+        stream_threads: most threads reading subscriptions (the reader's shard cap).
     """
 
-    def __init__(self, *, kinesis_threads: int = DEFAULT_THREADS, store_threads: int = DEFAULT_THREADS) -> None:
+    def __init__(self, *, kinesis_threads: int = DEFAULT_THREADS, store_threads: int = DEFAULT_THREADS,
+                 stream_threads: int = DEFAULT_MAX_SHARDS_PER_READER) -> None:
         self.kinesis_threads = kinesis_threads
         self.store_threads = store_threads
         self.limit = CallLimit(kinesis_threads)
         self._kinesis = concurrent.futures.ThreadPoolExecutor(kinesis_threads, thread_name_prefix="ka-kinesis")
         self._store = concurrent.futures.ThreadPoolExecutor(store_threads, thread_name_prefix="ka-store")
+        self._streams = concurrent.futures.ThreadPoolExecutor(stream_threads, thread_name_prefix="ka-subscription")
 
     async def kinesis(self, fn: Callable[..., T], *args: Any, limited: bool = True) -> T:
         """Run ``fn(*args)`` (a Kinesis call) in the Kinesis pool, within :attr:`limit` unless
@@ -278,6 +302,10 @@ class ReaderIo:
         """Run ``fn(*args)`` (a lease-store call) in the store pool."""
         return await asyncio.get_running_loop().run_in_executor(self._store, fn, *args)
 
+    async def stream(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` (a read of a subscription: waits for its next event) in the subscription pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._streams, fn, *args)
+
     def note_renewal(self, latency_s: float, renew_interval_s: float) -> None:
         """Tell :attr:`limit` how long a renewal took."""
         self.limit.note_renewal(latency_s, renew_interval_s)
@@ -286,6 +314,7 @@ class ReaderIo:
         """Stop the pools once their calls end (no new calls are taken)."""
         self._kinesis.shutdown(wait=False, cancel_futures=True)
         self._store.shutdown(wait=False, cancel_futures=True)
+        self._streams.shutdown(wait=False, cancel_futures=True)
 
 
 class ByteBudget:
@@ -323,11 +352,13 @@ class ByteBudget:
             self._changed = asyncio.Event()
         return self._changed
 
-    def try_reserve(self) -> bool:
-        """Reserve room for one fetch if the rule above admits it; True if it did."""
-        room = self.used + self.reserved + self.max_response <= self.limit
+    def try_reserve(self, amount: int | None = None) -> bool:
+        """Reserve room for one fetch if the rule above admits it; True if it did.
+        ``amount``: the most this fetch may bring, bytes (default ``max_response``)."""
+        amount = self.max_response if amount is None else amount
+        room = self.used + self.reserved + amount <= self.limit
         if room or (self.reserved == 0 and self.used < self.limit):
-            self.reserved += self.max_response
+            self.reserved += amount
             return True
         return False
 
@@ -341,12 +372,14 @@ class ByteBudget:
         except asyncio.TimeoutError:
             pass
 
-    def settle(self, nbytes: int) -> None:
-        """A reserved fetch returned ``nbytes`` bytes of records (0 if it failed): now held."""
-        self.reserved -= self.max_response
+    def settle(self, nbytes: int, amount: int | None = None) -> None:
+        """A fetch that reserved ``amount`` (default ``max_response``) returned ``nbytes``
+        bytes of records (0 if it failed): now held."""
+        amount = self.max_response if amount is None else amount
+        self.reserved -= amount
         self.used += nbytes
         self.peak = max(self.peak, self.used)
-        if nbytes < self.max_response:
+        if nbytes < amount:
             self._event().set()
 
     def release(self, nbytes: int) -> None:
@@ -363,6 +396,9 @@ class _ToThreadIo:
         return await asyncio.to_thread(fn, *args)
 
     async def store(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+    async def stream(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.to_thread(fn, *args)
 
     def note_renewal(self, latency_s: float, renew_interval_s: float) -> None:
@@ -411,7 +447,7 @@ class ShardConsumer:
         self._stopping = False
         self._release_on_stop = True
         self._handoff_to: str | None = None  # lease_next_owner seen on a write: hand over at the next step
-        self._fetcher: ShardFetcher | None = None
+        self._fetcher: ShardFetcher | FanOutFetcher | None = None
         self._held_bytes = 0  # budget bytes of records fetched and not yet acknowledged
         self._seek_to: StartAt | None = None
         self._shutdown_begun = False
@@ -422,6 +458,9 @@ class ShardConsumer:
             "throttles": 0, "expired_iterators": 0, "sink_failures": 0, "millis_behind_latest": None,
             "checkpoint": lease.checkpoint, "lease_counter": lease.counter, "state": self.state.value,
         }
+        if spec.consumer_arn:
+            self.stats.update(retrieval="fanout", subscriptions=0, subscription_renewals=0, subscription_drops=0,
+                              budget_drops=0)
 
     # ---------------------------------------------------------------- state
     def _to(self, state: ConsumerState) -> None:
@@ -503,6 +542,8 @@ class ShardConsumer:
         if not self._lost:
             self._lost = True
             log.warning("shard %s: lease lost (%s); stopping without writing", self.spec.shard_id, why)
+            if isinstance(self._fetcher, FanOutFetcher):
+                self._fetcher.close()  # ends the subscription at once, even during a read
             task = self._task
             if task is not None and not task.done() and asyncio.current_task() is not task:
                 task.cancel()
@@ -567,8 +608,12 @@ class ShardConsumer:
             self._alive()
         self._to(ConsumerState.PROCESSING)
 
-    def _new_fetcher(self, start: StartAt, *, restart_at: StartAt | None = None) -> ShardFetcher:
+    def _new_fetcher(self, start: StartAt, *, restart_at: StartAt | None = None) -> ShardFetcher | FanOutFetcher:
         spec = self.spec
+        if spec.consumer_arn:
+            return FanOutFetcher(self._kinesis, spec.stream, spec.shard_id, start, consumer_arn=spec.consumer_arn,
+                                 restart_at=restart_at, ending_sequence_number=spec.ending_sequence_number,
+                                 clock=self._clock)
         return ShardFetcher(self._kinesis, spec.stream, spec.shard_id, start, restart_at=restart_at,
                             ending_sequence_number=spec.ending_sequence_number, max_records=spec.max_records,
                             idle_wait_s=spec.idle_wait_s, max_idle_wait_s=spec.max_idle_wait_s, clock=self._clock)
@@ -615,6 +660,8 @@ class ShardConsumer:
                 await self._release_after_failure()
                 raise
         finally:
+            if isinstance(self._fetcher, FanOutFetcher):
+                self._fetcher.close()
             self._renew_task.cancel()
             await asyncio.gather(self._renew_task, return_exceptions=True)
             self._give_back(self._held_bytes)
@@ -656,14 +703,15 @@ class ShardConsumer:
         await self._pace()
         if self._stopping or self._seek_to is not None:
             return None
-        reserved = fetcher.has_iterator and await self._reserve_budget()
+        amount = FANOUT_EVENT_RESERVE_BYTES if isinstance(fetcher, FanOutFetcher) else None
+        reserved = fetcher.has_iterator and await self._reserve_budget(amount)
         got: Fetched | None = None
         try:
             got = await self._step()
         finally:
             if reserved and self._budget is not None:
                 nbytes = got.bytes if got is not None else 0
-                self._budget.settle(nbytes)
+                self._budget.settle(nbytes, amount)
                 self._held_bytes += nbytes
         return got
 
@@ -683,21 +731,36 @@ class ShardConsumer:
 
         self._call_started = started
         try:
+            if isinstance(fetcher, FanOutFetcher):
+                if fetcher.blocking_read:
+                    return await self._io.stream(call)
+                return await self._io.kinesis(call, limited=False)  # SubscribeToShard: at most 1/s per shard
             return await self._io.kinesis(call, limited=fetcher.has_iterator)
         finally:
             self._call_started = None
             self._beat = max(self._beat, self._clock())
             self.stats.update(get_records_calls=fetcher.get_records_calls, throttles=fetcher.throttles,
                               expired_iterators=fetcher.expired_iterators)
+            if isinstance(fetcher, FanOutFetcher):
+                self.stats.update(subscriptions=fetcher.subscriptions, subscription_renewals=fetcher.renewals,
+                                  subscription_drops=fetcher.drops)
 
-    async def _reserve_budget(self) -> bool:
-        """Wait (alive) until the process's byte budget admits one more fetch; True once reserved."""
+    async def _reserve_budget(self, amount: int | None = None) -> bool:
+        """Wait (alive) until the process's byte budget admits one more fetch of ``amount``
+        bytes (default one ``GetRecords`` response); True once reserved. An enhanced fan-out
+        subscription is dropped after :data:`FANOUT_BUDGET_DROP_S` of waiting."""
         budget = self._budget
         if budget is None:
             return False
-        while not budget.try_reserve():
-            await budget.wait_changed(max(0.05, self.spec.renew_interval_s / 2))
+        since = self._clock()
+        while not budget.try_reserve(amount):
+            await budget.wait_changed(max(0.05, min(self.spec.renew_interval_s / 2, FANOUT_BUDGET_DROP_S)))
             self._alive()
+            fetcher = self._fetcher
+            if isinstance(fetcher, FanOutFetcher) and fetcher.has_iterator \
+                    and self._clock() - since >= FANOUT_BUDGET_DROP_S:
+                fetcher.pause()
+                self.stats["budget_drops"] += 1
         return True
 
     def _give_back(self, nbytes: int) -> None:
@@ -1117,7 +1180,9 @@ class ShardReaderCore:
 
         Shard figures: records, bytes, batches, get_records_calls, throttles,
         expired_iterators, sink_failures, millis_behind_latest (ms), checkpoint,
-        checkpoint_age_s, lease_counter, state. Reader figures: shards, buffered_bytes,
+        checkpoint_age_s, lease_counter, state; with enhanced fan-out also retrieval
+        ("fanout"), subscriptions (accepted), subscription_renewals, subscription_drops
+        and budget_drops. Reader figures: shards, buffered_bytes,
         peak_buffered_bytes, max_buffered_bytes, budget_waits, kinesis_call_limit and
         kinesis_call_limit_cuts (:class:`CallLimit`), and :attr:`info` (the shell adds
         node_id and pid).
@@ -1162,10 +1227,12 @@ def _make_ray_actor() -> Any:
             call_timeout_s: connect and read timeout of every Kinesis call, seconds.
             max_buffered_bytes: this process's byte budget.
             threads: threads (and HTTP connections) of each pool.
+            stream_threads: most threads reading enhanced fan-out subscriptions (the shard cap).
         """
 
         def __init__(self, store: LeaseStore, sink: Sink, aws: AwsSettings, call_timeout_s: float,
-                     max_buffered_bytes: int, threads: int = DEFAULT_THREADS) -> None:
+                     max_buffered_bytes: int, threads: int = DEFAULT_THREADS,
+                     stream_threads: int = DEFAULT_MAX_SHARDS_PER_READER) -> None:
             logging.basicConfig(level=logging.INFO)
             # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads, never on the
             # event loop: Ray's warning about a blocking ray.get in an async actor does not apply. Ray reads
@@ -1178,7 +1245,8 @@ def _make_ray_actor() -> Any:
                                       max_pool_connections=threads)
             self.core = ShardReaderCore(store=store, deliver=sink.deliver, kinesis=kinesis,
                                         max_buffered_bytes=max_buffered_bytes,
-                                        io=ReaderIo(kinesis_threads=threads, store_threads=threads))
+                                        io=ReaderIo(kinesis_threads=threads, store_threads=threads,
+                                                    stream_threads=stream_threads))
             # Where this reader runs, for operators and chaos tests (``Subscription.stats()``).
             self.core.info.update(node_id=ray.get_runtime_context().get_node_id(), pid=os.getpid())
 

@@ -11,6 +11,11 @@
 - :class:`FakeKinesis`: an in-memory Kinesis client (``ListShards``,
   ``DescribeStreamSummary``, ``GetShardIterator``, ``GetRecords``) over many shards,
   with scripted errors per shard, closed shards and call counts.
+- :class:`FakeShard` and :class:`FakeKinesis` also serve enhanced fan-out
+  (``open_subscription``, the transport :class:`~kinesis_actors.fanout.FanOutFetcher`
+  uses): AWS event-stream frames (:func:`encode_event_frame`) with scripted refusals,
+  dropped connections (also in the middle of a frame), exception events, the end of a
+  subscription and ``ChildShards`` at a closed shard's end.
 - :class:`FakeClock`: a monotonic clock a test moves by hand.
 - :class:`LocalReader`: the Coordinator's ``ReaderHandle`` over a
   :class:`~kinesis_actors.reader.ShardReaderCore` in the test's own event loop, with a
@@ -20,11 +25,14 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import dataclasses
 import datetime as _dt
 import json
 import os
 import random
+import struct
 import threading
 import time
 import uuid
@@ -34,7 +42,8 @@ from .errors import LeaseStoreError
 from .leases.memory import InProcessLeaseStore
 
 __all__ = ["InProcessLeaseStore", "FlakyLeaseStore", "Fault", "FaultInjector", "FaultCall", "with_faults",
-           "FakeKinesis", "FakeShard", "FakeClock", "LocalReader", "client_error", "kpl_aggregate"]
+           "FakeKinesis", "FakeShard", "FakeSubscription", "encode_event_frame", "FakeClock", "LocalReader",
+           "client_error", "kpl_aggregate"]
 
 
 class FlakyLeaseStore:
@@ -529,6 +538,20 @@ class FakeShard:
         max_per_call: most records one response holds (AWS stops at 10 MiB), or None.
         lag_ms: ``MillisBehindLatest`` of a response that did not reach the tip.
         release: the event a ``"hang"`` fault waits for.
+        subscribe_faults: AWS error codes the next ``SubscribeToShard`` calls raise
+            (enhanced fan-out; see :meth:`open_subscription`).
+        stream_faults: what the next reads of a subscription do, in order: None (an
+            event), ``"drop"`` (the connection resets), ``"drop-mid-event"`` (half of the
+            next event's frame arrives, then the connection resets), ``"end"`` (the
+            service ends the subscription), or an AWS code (an exception event).
+        subscriptions: the ``StartingPosition`` of each accepted ``SubscribeToShard``.
+        open_subscriptions: the subscriptions not closed yet; a new one while one is open
+            is refused with ``ResourceInUseException``, as AWS does.
+        event_interval_s: real seconds each read of a subscription waits before its event
+            (AWS and kinesis-mock push events over time; 0.01 s here).
+        child_shard_ids: ``ChildShards`` of the last event of a closed shard.
+        refuse_in_stream: answer a subscription refused for being in use as kinesis-mock
+            does (accepted, then a ``ResourceInUseException`` frame) instead of raising.
 
     Args:
         n: records to start with. closed: see above.
@@ -548,6 +571,14 @@ class FakeShard:
         self.max_per_call = max_per_call
         self.lag_ms = lag_ms
         self.release = threading.Event()
+        self.subscribe_faults: list[str] = []
+        self.stream_faults: list[str | None] = []
+        self.subscriptions: list[dict[str, Any]] = []
+        self.open_subscriptions: list[FakeSubscription] = []
+        self.event_interval_s = 0.01
+        self.child_shard_ids: list[str] = ["shardId-child-0"]
+        self.refuse_in_stream = False
+        self._sub_lock = threading.Lock()
         self.add(n)
         for when in arrivals or ():
             self.add(1, arrival=_dt.datetime.fromtimestamp(when, _dt.timezone.utc))
@@ -591,6 +622,134 @@ class FakeShard:
         end = self.closed and nxt >= len(self.records)
         return {"Records": out, "NextShardIterator": None if end else str(nxt),
                 "MillisBehindLatest": 0 if nxt >= len(self.records) else self.lag_ms}
+
+    def _position_of(self, starting: dict[str, Any]) -> int:
+        kind = starting["Type"]
+        if kind == "TRIM_HORIZON":
+            return 0
+        if kind == "LATEST":
+            return len(self.records)
+        if kind == "AT_SEQUENCE_NUMBER":
+            return int(starting["SequenceNumber"]) - 1
+        if kind == "AFTER_SEQUENCE_NUMBER":
+            return int(starting["SequenceNumber"])
+        when = starting["Timestamp"]
+        return next((i for i, r in enumerate(self.records) if r["ApproximateArrivalTimestamp"] >= when),
+                    len(self.records))
+
+    def open_subscription(self, params: dict[str, Any]) -> FakeSubscription:
+        """``SubscribeToShard`` (the :data:`~kinesis_actors.fanout.Subscribe` transport):
+        a :class:`FakeSubscription` from ``params["StartingPosition"]``.
+
+        Raises:
+            botocore.exceptions.ClientError: the next of :attr:`subscribe_faults`, or
+                ``ResourceInUseException`` while another subscription is open.
+        """
+        with self._sub_lock:
+            if self.subscribe_faults:
+                raise client_error(self.subscribe_faults.pop(0), "SubscribeToShard")
+            if self.open_subscriptions:
+                if not self.refuse_in_stream:
+                    raise client_error("ResourceInUseException", "SubscribeToShard")
+                refused = FakeSubscription(self, 0)
+                refused.refused = True
+                return refused
+            starting = dict(params["StartingPosition"])
+            pos = self._position_of(starting)
+            self.subscriptions.append(starting)
+            sub = FakeSubscription(self, pos)
+            self.open_subscriptions.append(sub)
+            return sub
+
+    def _closed_subscription(self, sub: FakeSubscription) -> None:
+        with self._sub_lock:
+            if sub in self.open_subscriptions:
+                self.open_subscriptions.remove(sub)
+
+
+def encode_event_frame(headers: dict[str, str], payload: bytes) -> bytes:
+    """One AWS event-stream frame (prelude, string headers, payload, both CRC32s), as
+    ``botocore.eventstream.EventStreamBuffer`` decodes it. For fakes and tests."""
+    raw_headers = b"".join(struct.pack("B", len(k)) + k.encode() + b"\x07" + struct.pack(">H", len(v.encode()))
+                           + v.encode() for k, v in headers.items())
+    total = 12 + len(raw_headers) + len(payload) + 4
+    prelude = struct.pack(">II", total, len(raw_headers))
+    prelude += struct.pack(">I", binascii.crc32(prelude) & 0xFFFFFFFF)
+    body = prelude + raw_headers + payload
+    return body + struct.pack(">I", binascii.crc32(body) & 0xFFFFFFFF)
+
+
+class FakeSubscription:
+    """One open subscription of a :class:`FakeShard` (an :class:`~kinesis_actors.fanout.EventSource`).
+
+    Each :meth:`read` waits ``shard.event_interval_s`` and returns one
+    ``SubscribeToShardEvent`` frame with the records after its position (at most
+    ``shard.max_per_call``), or does what the next of ``shard.stream_faults`` says.
+    """
+
+    def __init__(self, shard: FakeShard, pos: int) -> None:
+        self.shard = shard
+        self.pos = pos
+        self.closed = False
+        self.events = 0
+        self._pending = b""
+        self._broken = False
+        self.refused = False  # answers one ResourceInUseException frame, then ends
+
+    def _event(self) -> bytes:
+        shard = self.shard
+        limit = shard.max_per_call or 10_000
+        out = shard.records[self.pos : self.pos + limit]
+        self.pos += len(out)
+        end = shard.closed and self.pos >= len(shard.records)
+        body: dict[str, Any] = {
+            "Records": [{"Data": base64.b64encode(r["Data"]).decode(), "PartitionKey": r["PartitionKey"],
+                         "SequenceNumber": r["SequenceNumber"],
+                         "ApproximateArrivalTimestamp": r["ApproximateArrivalTimestamp"].timestamp()} for r in out],
+            "ContinuationSequenceNumber": None if end else str(self.pos),
+            "MillisBehindLatest": 0 if self.pos >= len(shard.records) else shard.lag_ms,
+            "ChildShards": [{"ShardId": c, "ParentShards": ["x"]} for c in shard.child_shard_ids] if end else None,
+        }
+        self.events += 1
+        return encode_event_frame({":message-type": "event", ":event-type": "SubscribeToShardEvent",
+                                   ":content-type": "application/json"}, json.dumps(body).encode())
+
+    def read(self) -> bytes:
+        if self.closed:
+            return b""
+        if self.refused:
+            self.closed = True
+            return encode_event_frame({":message-type": "exception", ":exception-type": "ResourceInUseException"},
+                                      b'{"message": "Another active subscription exists"}')
+        if self._broken:
+            self.close()
+            raise ConnectionResetError("connection reset (fake)")
+        if self._pending:
+            out, self._pending = self._pending, b""
+            return out
+        time.sleep(self.shard.event_interval_s)
+        fault = self.shard.stream_faults.pop(0) if self.shard.stream_faults else None
+        if fault == "drop":
+            self.close()
+            raise ConnectionResetError("connection reset (fake)")
+        if fault == "end":
+            self.close()
+            return b""
+        if fault == "drop-mid-event":
+            pos = self.pos
+            frame = self._event()
+            self.pos = pos  # never fully received: the service did not deliver it
+            self._broken = True
+            return frame[: len(frame) // 2]
+        if fault is not None:
+            self.close()
+            return encode_event_frame({":message-type": "exception", ":exception-type": fault,
+                                       ":content-type": "application/json"}, json.dumps({"message": fault}).encode())
+        return self._event()
+
+    def close(self) -> None:
+        self.closed = True
+        self.shard._closed_subscription(self)
 
 
 class FakeKinesis:
@@ -650,6 +809,11 @@ class FakeKinesis:
         if out["NextShardIterator"] is not None:
             out["NextShardIterator"] = f"{sid}|{out['NextShardIterator']}"
         return out
+
+    def open_subscription(self, params: dict[str, Any]) -> FakeSubscription:
+        """``SubscribeToShard`` on ``params["ShardId"]`` (see :meth:`FakeShard.open_subscription`)."""
+        self._count("SubscribeToShard")
+        return self.shards[params["ShardId"]].open_subscription(params)
 
     def publish(self, n: int, data: bytes | None = None) -> None:
         """Append ``n`` records to every shard."""

@@ -79,6 +79,31 @@ def kinesalite() -> Iterator[str]:
         pytest.fail(report)
 
 
+@pytest.fixture(scope="session")
+def kinesis_mock() -> Iterator[str]:
+    """Endpoint URL of kinesis-mock (npm kinesis-local, enhanced fan-out) on 127.0.0.1, one per session.
+
+    Kinesis only: lease tables stay on the ``endpoint`` fixture's DynamoDB (moto). It is
+    installed into the kinesis-actors cache folder on first use (``npm ci``). Skipped when
+    node is missing or it does not start, except under ``CI`` or ``KINESIS_MOCK_REQUIRED=1``
+    (``make test-kinesis-mock``), where that fails the test.
+    """
+    from kinesis_actors.emulator import EmulatorError, KinesisMock
+
+    server = KinesisMock()
+    try:
+        server.start()
+    except EmulatorError as e:
+        if os.environ.get("CI") or os.environ.get("KINESIS_MOCK_REQUIRED") == "1":
+            pytest.fail(f"kinesis-mock is required here: {e}")
+        pytest.skip(f"kinesis-mock unavailable ({e}); `make test-kinesis-mock` installs it")
+    yield server.endpoint
+    alive = server.pid is not None
+    server.stop()
+    if not alive:
+        pytest.fail("kinesis-mock died during the session")
+
+
 @pytest.fixture
 def unique() -> str:
     """A unique lower-case suffix for stream and table names."""

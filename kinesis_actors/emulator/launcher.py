@@ -10,6 +10,13 @@ non-loopback addresses are refused), reports its bound port on stdout, and exits
 :class:`Emulator` is garbage-collected or the interpreter exits).
 :func:`serve` runs the same server in the calling process (for the
 ``kinesis-actors emulator`` CLI).
+
+With ``efo=True`` (enhanced fan-out), Kinesis is served by kinesis-mock instead
+(:class:`~kinesis_actors.emulator.kinesis_mock.KinesisMock`, a second child process,
+``node``), because moto does not serve ``SubscribeToShard``; moto keeps DynamoDB. The two
+live at two endpoints: :attr:`Emulator.endpoint` (Kinesis) and
+:attr:`Emulator.dynamodb_endpoint` (the lease table: give it to
+``DynamoLeaseStore(table, endpoint=...)``, which keeps its own endpoint).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from typing import Any
 
 from ..errors import InvalidError
 from .errors import EmulatorError
+from .kinesis_mock import KinesisMock
 from .server import DEFAULT_HOST, REQUESTS_PATH, check_host, check_port
 
 __all__ = ["Emulator"]
@@ -94,6 +102,10 @@ class Emulator:
         threaded: a thread per request (default); False serves one request at a time,
             as many test setups run moto (``tests/integration/test_scale.py`` holds a
             128-shard subscription to its budget).
+        efo: serve Kinesis with kinesis-mock (enhanced fan-out: ``SubscribeToShard``) and
+            keep DynamoDB on moto; see the module docstring. Needs Node.js; kinesis-local
+            is installed into a cache folder on first use
+            (:func:`~kinesis_actors.emulator.kinesis_mock.install_kinesis_local`).
 
     The server counts the requests it answers by operation: :meth:`requests`.
 
@@ -103,7 +115,7 @@ class Emulator:
     """
 
     def __init__(self, *, host: str = DEFAULT_HOST, port: int = 0, startup_timeout_s: float = 30.0,
-                 threaded: bool = True):
+                 threaded: bool = True, efo: bool = False):
         check_host(host)
         check_port(port)
         if not startup_timeout_s > 0:
@@ -112,6 +124,9 @@ class Emulator:
         self.requested_port = port
         self.startup_timeout_s = float(startup_timeout_s)
         self.threaded = bool(threaded)
+        self.efo = bool(efo)
+        self.kinesis_mock: KinesisMock | None = KinesisMock(startup_timeout_s=max(60.0, startup_timeout_s)) \
+            if self.efo else None
         self._endpoint: str | None = None
         self._proc: subprocess.Popen[str] | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
@@ -124,7 +139,8 @@ class Emulator:
 
     @property
     def endpoint(self) -> str:
-        """Endpoint URL for every service, ``"http://127.0.0.1:<port>"`` (str).
+        """Endpoint URL for every service, ``"http://127.0.0.1:<port>"`` (str); with
+        ``efo=True``, of Kinesis only (kinesis-mock; DynamoDB is at :attr:`dynamodb_endpoint`).
 
         Valid after :meth:`start`; still returns the last URL after :meth:`stop`.
 
@@ -133,6 +149,20 @@ class Emulator:
         """
         if self._endpoint is None:
             raise EmulatorError("Emulator.endpoint is only known after start()")
+        if self.kinesis_mock is not None:
+            return self.kinesis_mock.endpoint
+        return self._endpoint
+
+    @property
+    def dynamodb_endpoint(self) -> str:
+        """Endpoint URL of DynamoDB (moto), ``"http://127.0.0.1:<port>"``: the same as
+        :attr:`endpoint` unless ``efo=True``.
+
+        Raises:
+            EmulatorError: the emulator was never started.
+        """
+        if self._endpoint is None:
+            raise EmulatorError("Emulator.dynamodb_endpoint is only known after start()")
         return self._endpoint
 
     @property
@@ -186,6 +216,12 @@ class Emulator:
                 raise
             self._endpoint = endpoint
             log.info("emulator started at %s (pid %d)", endpoint, proc.pid)
+            if self.kinesis_mock is not None:
+                try:
+                    self.kinesis_mock.start()
+                except BaseException:
+                    self._stop_locked()
+                    raise
             return self
 
     def stop(self) -> None:
@@ -198,14 +234,15 @@ class Emulator:
             self._stop_locked()
 
     def reset(self) -> None:
-        """Wipe every stream, table and other resource (``POST /moto-api/reset``).
+        """Wipe every stream, table and other resource of moto (``POST /moto-api/reset``;
+        with ``efo=True`` kinesis-mock's streams stay).
 
         Raises:
             EmulatorError: the emulator is not running or the reset failed.
         """
         if not self.running:
             raise EmulatorError("Emulator.reset(): the emulator is not running")
-        request = urllib.request.Request(self.endpoint + "/moto-api/reset", data=b"", method="POST")
+        request = urllib.request.Request(self.dynamodb_endpoint + "/moto-api/reset", data=b"", method="POST")
         try:
             with _DIRECT.open(request, timeout=30) as response:
                 status = response.status
@@ -223,10 +260,10 @@ class Emulator:
             EmulatorError: the server does not answer.
         """
         try:
-            with _DIRECT.open(self.endpoint + REQUESTS_PATH, timeout=10) as response:
+            with _DIRECT.open(self.dynamodb_endpoint + REQUESTS_PATH, timeout=10) as response:
                 return dict(json.loads(response.read())["by_operation"])
         except OSError as e:
-            raise EmulatorError(f"emulator at {self.endpoint} did not report its requests: {e}") from e
+            raise EmulatorError(f"emulator at {self.dynamodb_endpoint} did not report its requests: {e}") from e
 
     def __enter__(self) -> Emulator:
         """Start the emulator (see :meth:`start`) and return it."""
@@ -356,6 +393,8 @@ class Emulator:
             threading.Event().wait(0.05)
 
     def _stop_locked(self) -> None:
+        if self.kinesis_mock is not None:
+            self.kinesis_mock.stop()
         proc, self._proc = self._proc, None
         if proc is None:
             return

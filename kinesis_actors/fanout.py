@@ -1,0 +1,662 @@
+"""Enhanced fan-out (EFO): the stream consumer (``RegisterStreamConsumer``) and
+:class:`FanOutFetcher`, the second read path of a shard (``SubscribeToShard``).
+
+:class:`FanOutFetcher` sits behind the same seam as
+:class:`~kinesis_actors.kinesis.ShardFetcher`: :meth:`~FanOutFetcher.step` returns
+:class:`~kinesis_actors.kinesis.Fetched` batches (one per ``SubscribeToShardEvent``),
+:meth:`~FanOutFetcher.due_in` says how long to wait, :attr:`~FanOutFetcher.position` is
+where the next subscription opens. The read loop of a lease
+(:class:`~kinesis_actors.reader.ShardConsumer`) drives either one.
+
+Wire format and transport. ``SubscribeToShard`` answers with an HTTP response whose
+body is a stream of AWS event-stream frames (``application/vnd.amazon.eventstream``).
+botocore builds, serialises and signs the request (endpoint resolution, SigV4, the
+credential chain, exactly as for any other call); :class:`HttpSubscriber` then sends
+that signed request itself over urllib3 (botocore's own HTTP library) and decodes the
+body with ``botocore.eventstream.EventStreamBuffer``, the frame decoder boto3 uses
+(prelude, headers, payload and both CRC32 checks). It does not use boto3's
+``subscribe_to_shard`` response parser because that parser requires the first event to
+be ``initial-response``, which AWS sends and kinesis-mock (the offline emulator we test
+on) does not; an ``initial-response`` event is skipped when it comes. We do not write a
+frame parser of our own: botocore's is the one AWS maintains and fixes.
+
+HTTP/1.1 and HTTP/2. boto3 and urllib3 speak HTTP/1.1, so each subscription holds one
+TCP connection, and flow control is TCP's: while the read loop does not read (its
+downstream holds a batch), events wait in the socket buffers and AWS's writes slow
+down. AWS documents ``SubscribeToShard`` for HTTP/2 (KCL uses Netty's HTTP/2 client,
+and its maintainers call HTTP/1.1 unsupported); kinesis-mock serves HTTP/1.1. The
+transport is one seam, :data:`Subscribe` (``params -> EventSource``): moving to HTTP/2
+means another :data:`Subscribe` that sends the same signed request with an HTTP/2
+client (e.g. ``httpx`` with ``http2=True`` or ``h2``) and returns its body chunks; the
+frame decoding, positions and error handling here stay as they are, and subscriptions
+of one process would then share one connection.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as _dt
+import json
+import logging
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from .errors import InvalidError, KinesisError, StreamError, aws_error_code, is_throttling, translate_aws_error
+from .kinesis import Fetched, backoff_s, call_with_retry, describe_stream, record_bytes
+from .records import Record, StartAt, records_from_response, seq_key
+
+__all__ = ["ensure_stream_consumer", "deregister_stream_consumer", "FanOutFetcher", "HttpSubscriber", "EventSource",
+           "Subscribe", "SubscriptionEvent", "parse_event_payload", "MIN_SUBSCRIBE_SPACING_S",
+           "SUBSCRIPTION_RENEW_S", "FANOUT_EVENT_RESERVE_BYTES"]
+
+log = logging.getLogger(__name__)
+
+MIN_SUBSCRIBE_SPACING_S = 1.0
+"""Shortest gap between two ``SubscribeToShard`` calls on one shard, seconds: AWS allows one
+call per second per shard and consumer (``LimitExceededException`` beyond)."""
+
+SUBSCRIPTION_RENEW_S = 290.0
+"""Age at which an open subscription is renewed, seconds. AWS ends a subscription after 5
+minutes; renewing 10 s earlier, at the next event, keeps the renewal ours (from the last
+delivered ``ContinuationSequenceNumber``) rather than the service's. A subscription that
+ends earlier (the service closed it) is renewed the same way."""
+
+FANOUT_EVENT_RESERVE_BYTES = 2 * 2**20
+"""What one event read reserves in the reader's byte budget, bytes: 2 MiB, the data AWS
+pushes to one consumer per shard and second at EFO's documented rate (2 MB/s). An event
+that carries more is still taken and counted in full."""
+
+_READ_CHUNK = 256 * 1024
+_RETRY_CODES = frozenset({"ResourceInUseException", "LimitExceededException", "InternalFailure",
+                          "InternalFailureException", "ServiceUnavailable"})
+_CONSUMER_POLL_S = 0.25
+
+
+# --------------------------------------------------------------------------- the stream consumer
+def _consumer_description(client: Any, stream_arn: str, consumer_name: str) -> dict[str, Any] | None:
+    try:
+        response = call_with_retry(
+            lambda: client.describe_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name),
+            operation="DescribeStreamConsumer", resource=consumer_name)
+    except KinesisError as e:
+        if e.aws_code == "ResourceNotFoundException":
+            return None
+        raise
+    description: dict[str, Any] = response["ConsumerDescription"]
+    return description
+
+
+def ensure_stream_consumer(client: Any, stream: str, consumer_name: str, *, wait_s: float = 60.0) -> str:
+    """Register the stream consumer ``consumer_name`` on ``stream``, or reuse the one that
+    exists, and wait until it is ``ACTIVE``. Returns its ARN.
+
+    Several readers and instances of one application share one consumer: whoever comes
+    first registers it (``RegisterStreamConsumer``); the others find it with
+    ``DescribeStreamConsumer``, and a race between two registrations
+    (``ResourceInUseException``) is settled by describing it again. The consumer is never
+    deregistered here (see :func:`deregister_stream_consumer`).
+
+    Args:
+        client: a boto3 Kinesis client.
+        stream: the stream name. consumer_name: the consumer's name, used exactly.
+        wait_s: longest wait for ``ACTIVE``, seconds (``DescribeStreamConsumer`` every 0.25 s).
+
+    Raises:
+        StreamError: the stream does not exist, or the consumer is being deleted.
+        KinesisError: not ``ACTIVE`` within ``wait_s``, the limit of consumers per stream
+            (``LimitExceededException`` past retries), or another error, translated.
+    """
+    arn = describe_stream(client, stream)["StreamARN"]
+    end = time.monotonic() + wait_s
+    description = _consumer_description(client, arn, consumer_name)
+    if description is None:
+        try:
+            response = call_with_retry(lambda: client.register_stream_consumer(StreamARN=arn,
+                                                                               ConsumerName=consumer_name),
+                                       operation="RegisterStreamConsumer", resource=consumer_name)
+            description = response["Consumer"]
+            log.info("registered stream consumer %s on %s", consumer_name, stream)
+        except KinesisError as e:
+            if e.aws_code != "ResourceInUseException":
+                raise
+            description = _consumer_description(client, arn, consumer_name)  # registered by another instance
+    while True:
+        status = description.get("ConsumerStatus") if description else None
+        if status == "ACTIVE" and description is not None:
+            consumer_arn: str = description["ConsumerARN"]
+            return consumer_arn
+        if status == "DELETING":
+            raise StreamError(f"stream consumer {consumer_name!r} of {stream!r} is being deleted")
+        if time.monotonic() > end:
+            raise KinesisError(f"stream consumer {consumer_name!r} of {stream!r} is {status}, not ACTIVE after "
+                               f"{wait_s:.0f} s", retriable=True)
+        time.sleep(_CONSUMER_POLL_S)
+        description = _consumer_description(client, arn, consumer_name)
+
+
+def deregister_stream_consumer(client: Any, stream: str, consumer_name: str) -> bool:
+    """Deregister the stream consumer ``consumer_name`` of ``stream`` (the explicit call:
+    closing a subscription never does it). Returns False if it did not exist.
+
+    Every reader still subscribed through it loses its subscriptions (AWS ends them).
+
+    Raises:
+        StreamError: the stream does not exist. KinesisError: another error, translated.
+    """
+    arn = describe_stream(client, stream)["StreamARN"]
+    try:
+        call_with_retry(lambda: client.deregister_stream_consumer(StreamARN=arn, ConsumerName=consumer_name),
+                        operation="DeregisterStreamConsumer", resource=consumer_name)
+    except KinesisError as e:
+        if e.aws_code == "ResourceNotFoundException":
+            return False
+        raise
+    log.info("deregistered stream consumer %s of %s", consumer_name, stream)
+    return True
+
+
+# --------------------------------------------------------------------------- transport
+class EventSource(Protocol):
+    """The body of one accepted ``SubscribeToShard``: raw event-stream bytes."""
+
+    def read(self) -> bytes:
+        """The next bytes that arrived (blocking until some do, within the read timeout);
+        ``b""`` when the subscription ended. Raises on a dropped connection or a timeout."""
+        ...
+
+    def close(self) -> None:
+        """End the subscription now (thread-safe; wakes a :meth:`read` in progress)."""
+        ...
+
+
+Subscribe = Callable[[dict[str, Any]], EventSource]
+"""Opens one subscription: ``subscribe(params)`` with boto3's ``subscribe_to_shard``
+keyword arguments (``ConsumerARN``, ``ShardId``, ``StartingPosition``). Returns once the
+service accepted it (HTTP 200); raises a botocore ``ClientError`` (with the AWS code) when
+refused, or a network error."""
+
+
+class _SignedRequest(BaseException):
+    """Carries the request botocore signed out of ``subscribe_to_shard`` (a BaseException,
+    so botocore's ``except Exception`` around the send does not retry or wrap it)."""
+
+    def __init__(self, request: Any) -> None:
+        super().__init__("SubscribeToShard request captured")
+        self.request = request
+
+
+def _capture_subscribe(request: Any, **_: Any) -> None:
+    raise _SignedRequest(request)
+
+
+class _HttpEvents:
+    """:class:`EventSource` over a streaming urllib3 response."""
+
+    def __init__(self, response: Any, pool: Any) -> None:
+        self._response = response
+        self._pool = pool
+        connection = getattr(response, "connection", None)
+        self._sock: socket.socket | None = getattr(connection, "sock", None)
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def read(self) -> bytes:
+        if self._closed:
+            return b""
+        data: bytes = self._response.read1(_READ_CHUNK)
+        return data
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a read blocked in another thread
+            except OSError:
+                pass
+        try:
+            self._response.close()
+        except Exception:
+            pass
+        self._pool.clear()
+
+
+class HttpSubscriber:
+    """The HTTP/1.1 :data:`Subscribe` over a boto3 Kinesis client (see the module docstring).
+
+    botocore serialises and signs ``SubscribeToShard`` (a ``before-send`` hook, registered
+    once per client, takes the signed request out before botocore sends it); urllib3 sends
+    it on a connection of its own (one per subscription), with the client's connect and
+    read timeouts, botocore's CA bundle, and without retries (the fetcher decides).
+    Proxies from the environment (``HTTPS_PROXY``) are not used for subscriptions.
+
+    Args:
+        client: a boto3 Kinesis client (its endpoint, region, credentials and timeouts).
+
+    Raises (from a call):
+        botocore.exceptions.ClientError: the service refused the subscription (HTTP status
+            and the AWS code from the JSON body's ``__type``).
+        urllib3 errors, OSError: the connection failed.
+    """
+
+    def __init__(self, client: Any) -> None:
+        import urllib3
+        from botocore.httpsession import get_cert_path
+
+        self._client = client
+        config = client.meta.config
+        self._timeout = urllib3.Timeout(connect=config.connect_timeout, read=config.read_timeout)
+        self._urllib3 = urllib3
+        self._ca_certs = get_cert_path(True)
+        client.meta.events.register("before-send.kinesis.SubscribeToShard", _capture_subscribe,
+                                    unique_id="kinesis-actors-subscribe-to-shard")
+
+    def __call__(self, params: dict[str, Any]) -> EventSource:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.subscribe_to_shard(**params)
+        except _SignedRequest as captured:
+            request = captured.request
+        else:  # pragma: no cover - the hook always raises
+            raise KinesisError("SubscribeToShard was sent without the event-stream hook")
+        pool = self._urllib3.PoolManager(num_pools=1, maxsize=1, timeout=self._timeout, retries=False,
+                                         ca_certs=self._ca_certs)
+        response = pool.request(request.method, request.url, body=request.body, headers=dict(request.headers),
+                                preload_content=False, retries=False)
+        if response.status == 200:
+            return _HttpEvents(response, pool)
+        body = response.read()
+        response.close()
+        pool.clear()
+        try:
+            error = json.loads(body or b"{}")
+        except ValueError:
+            error = {}
+        code = str(error.get("__type") or f"HTTP{response.status}").rpartition("#")[2]
+        message = str(error.get("message") or error.get("Message") or code)
+        raise ClientError({"Error": {"Code": code, "Message": message},
+                           "ResponseMetadata": {"HTTPStatusCode": response.status}}, "SubscribeToShard")
+
+
+# --------------------------------------------------------------------------- events
+@dataclasses.dataclass(frozen=True)
+class SubscriptionEvent:
+    """One ``SubscribeToShardEvent``, decoded.
+
+    Attributes:
+        records: the raw records in boto3's ``GetRecords`` shape (``Data`` bytes,
+            ``ApproximateArrivalTimestamp`` a UTC datetime).
+        continuation_sequence_number: where the next subscription continues (None at shard end).
+        millis_behind_latest: ``MillisBehindLatest``, ms (None if absent).
+        child_shards: the ``ChildShards`` ids (set at shard end on AWS; kinesis-mock sends null).
+    """
+
+    records: list[dict[str, Any]]
+    continuation_sequence_number: str | None
+    millis_behind_latest: int | None
+    child_shards: tuple[str, ...]
+
+
+def parse_event_payload(payload: bytes) -> SubscriptionEvent:
+    """Decode the JSON payload of a ``SubscribeToShardEvent`` frame (blobs are base64,
+    timestamps epoch seconds, as in AWS's JSON 1.1 protocol).
+
+    Raises:
+        KinesisError: the payload is not the JSON of such an event.
+    """
+    try:
+        body = json.loads(payload)
+        records = [{**r, "Data": base64.b64decode(r.get("Data") or ""),
+                    "ApproximateArrivalTimestamp": _dt.datetime.fromtimestamp(
+                        float(r["ApproximateArrivalTimestamp"]), _dt.timezone.utc)
+                    if r.get("ApproximateArrivalTimestamp") is not None else None}
+                   for r in body.get("Records") or []]
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise KinesisError(f"SubscribeToShard: an event that does not decode ({e!r:.200})") from e
+    lag = body.get("MillisBehindLatest")
+    children = tuple(str(c.get("ShardId")) for c in body.get("ChildShards") or [] if isinstance(c, dict))
+    return SubscriptionEvent(records, body.get("ContinuationSequenceNumber"), None if lag is None else int(lag),
+                             children)
+
+
+class _Refused(Exception):
+    """An exception event inside an accepted subscription (``:message-type`` exception or error)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.response = {"Error": {"Code": code, "Message": message}}
+
+
+def _frames(source: EventSource, buffer: Any) -> Iterator[Any]:
+    """The complete frames of ``source`` as they arrive (a dropped connection raises)."""
+    while True:
+        yield from buffer
+        chunk = source.read()
+        if not chunk:
+            return
+        buffer.add_data(chunk)
+
+
+# --------------------------------------------------------------------------- the fetcher
+class FanOutFetcher:
+    """Reads one shard through enhanced fan-out: one ``SubscribeToShard`` at a time, renewed.
+
+    The same contract as :class:`~kinesis_actors.kinesis.ShardFetcher`: :meth:`step` does
+    one blocking thing (open a subscription, or read its next event, waiting at most the
+    read timeout) and never sleeps; :meth:`due_in` is the wait before the next step; the
+    caller waits (the read loop with ``asyncio``).
+
+    Rules:
+
+    * Position: the first subscription opens at the start position; every later one
+      (renewal, a dropped connection, a refusal) opens ``AFTER_SEQUENCE_NUMBER`` of the last
+      delivered ``ContinuationSequenceNumber``, or after the last record returned when it
+      is later, never at an older point. Before any event was returned, a retry opens at
+      ``restart_at`` (a ``LATEST`` start reopens at the ``AT_TIMESTAMP`` recorded, never at
+      a later tip). A position inside a KPL aggregate re-reads it (``AT_SEQUENCE_NUMBER``)
+      and drops the user records already returned.
+    * A subscription counts as open (:attr:`has_iterator`) once its first frame arrived
+      and was not an exception: HTTP 200 alone is not acceptance (kinesis-mock answers
+      200, then sends ``ResourceInUseException`` as the first frame; AWS sends
+      ``initial-response`` first).
+    * Events are returned whole, in order, one per :meth:`step`; frames are decoded by
+      ``EventStreamBuffer`` and only complete ones are used, so a connection that drops in
+      the middle of an event loses nothing: the next subscription starts after the last
+      event returned.
+    * Renewal: a subscription older than ``renew_after_s`` is ended at the next step and
+      reopened from the position; one the service ends (AWS: after 5 minutes) likewise.
+    * ``ResourceInUseException`` (the previous subscription of this consumer and shard is
+      still open on the service side), ``LimitExceededException`` (more than one
+      ``SubscribeToShard`` per second), throttling, 5xx, network errors, a read timeout:
+      exponential backoff with jitter (:func:`~kinesis_actors.kinesis.backoff_s`, at least
+      ``MIN_SUBSCRIBE_SPACING_S``), then a new subscription. Subscriptions on one shard are
+      never closer than :data:`MIN_SUBSCRIBE_SPACING_S`.
+    * Shard end: an event with ``ChildShards``, or without ``ContinuationSequenceNumber``,
+      or (emulators) reaching a closed shard's ``EndingSequenceNumber``, is returned with
+      ``shard_end=True``; the caller writes ``SHARD_END`` once it acknowledged it.
+    * :meth:`close` ends the subscription at once, from any thread (a lost lease).
+
+    Args:
+        client: a boto3 Kinesis client (signs requests). stream: the stream name.
+        shard_id: the shard. start: where to open when nothing was returned yet.
+        consumer_arn: the registered stream consumer (:func:`ensure_stream_consumer`).
+        restart_at: where to reopen before the first event (default ``start``).
+        ending_sequence_number: a closed shard's ``EndingSequenceNumber``, or None.
+        subscribe: the transport (default :class:`HttpSubscriber` over ``client``; a
+            client with an ``open_subscription`` method, such as
+            :class:`kinesis_actors.testing.FakeKinesis`, is its own transport).
+        renew_after_s: see :data:`SUBSCRIPTION_RENEW_S`.
+        clock: monotonic seconds. rng: uniform [0, 1) for the backoff jitter.
+
+    Raises (from :meth:`step`):
+        StreamError: the stream, shard or consumer does not exist
+            (``ResourceNotFoundException``), or the credentials were refused.
+        KinesisError: any other error that is not transient, translated, cause chained.
+    """
+
+    def __init__(self, client: Any, stream: str, shard_id: str, start: StartAt, *, consumer_arn: str,
+                 restart_at: StartAt | None = None, ending_sequence_number: str | None = None,
+                 subscribe: Subscribe | None = None, renew_after_s: float = SUBSCRIPTION_RENEW_S,
+                 clock: Callable[[], float] = time.monotonic, rng: Callable[[], float] = random.random) -> None:
+        if not consumer_arn:
+            raise InvalidError("FanOutFetcher needs a consumer_arn")
+        self.client = client
+        self.stream = stream
+        self.shard_id = shard_id
+        self.consumer_arn = consumer_arn
+        self.renew_after_s = renew_after_s
+        if subscribe is None:
+            subscribe = getattr(client, "open_subscription", None) or HttpSubscriber(client)
+        self._subscribe: Subscribe = subscribe
+        self._end_key = seq_key(ending_sequence_number) if ending_sequence_number else None
+        self._clock = clock
+        self._rng = rng
+        self._start = start
+        self._restart = restart_at or start
+        self._last: Record | None = None
+        self._continuation: str | None = None
+        self._skip_through: tuple[int, int] | None = None
+        self._source: EventSource | None = None
+        self._confirmed = False  # the subscription's first frame arrived and was not a refusal
+        self._pending: Any = None  # that first frame, when it was an event: returned by the next step
+        self._frames: Iterator[Any] | None = None
+        self._opened_at = 0.0
+        self._next_call_at = 0.0
+        self._last_subscribe = float("-inf")
+        self._lock = threading.Lock()
+        self._closed = False
+        self.throttled_in_a_row = 0
+        self.subscriptions = 0  # SubscribeToShard calls confirmed (first frame not a refusal)
+        self.subscribe_calls = 0
+        self.events = 0
+        self.renewals = 0
+        self.drops = 0  # subscriptions lost to a dropped connection, a timeout or an exception event
+        self.throttles = 0
+        self.get_records_calls = 0  # the polling fetcher's counter; always 0 here
+        self.expired_iterators = 0  # likewise
+
+    # -- the seam shared with ShardFetcher
+    @property
+    def resource(self) -> str:
+        """``"<stream>/<shard id>"``, for messages."""
+        return f"{self.stream}/{self.shard_id}"
+
+    @property
+    def position(self) -> StartAt:
+        """Where the next subscription opens (see the class docstring)."""
+        last, continuation = self._last, self._continuation
+        if continuation is not None and (last is None or seq_key(continuation) > seq_key(last.sequence_number)):
+            return StartAt.after_sequence_number(continuation)
+        if last is not None:
+            return StartAt.after_sequence_number(last.sequence_number, last.sub_sequence_number)
+        return self._start
+
+    @property
+    def has_iterator(self) -> bool:
+        """True while a subscription is open and confirmed: its first frame arrived and was
+        not a refusal (the next step returns an event)."""
+        return self._source is not None and self._confirmed
+
+    @property
+    def blocking_read(self) -> bool:
+        """True when the next step reads the subscription (waits for a frame)."""
+        return self._source is not None
+
+    def seek(self, position: StartAt) -> None:
+        """End the subscription and forget everything returned: the next step opens at ``position``."""
+        self._drop()
+        self._start = self._restart = position
+        self._last, self._continuation = None, None
+
+    def due_in(self) -> float:
+        """Seconds until the next :meth:`step` may subscribe (0 when it may now, or reads)."""
+        if self._source is not None:
+            return 0.0
+        return max(0.0, self._next_call_at - self._clock())
+
+    def close(self) -> None:
+        """End the subscription now, from any thread; a step in progress returns None."""
+        with self._lock:
+            self._closed = True
+        self._drop()
+
+    def reopen(self) -> None:
+        """Undo :meth:`close`: the next step subscribes again (after a pause for backpressure)."""
+        with self._lock:
+            self._closed = False
+
+    def pause(self) -> None:
+        """Drop the subscription (backpressure); the next step resubscribes from :attr:`position`."""
+        if self._source is not None:
+            log.info("%s: byte budget full; subscription dropped, resubscribing after the last acknowledged "
+                     "record", self.resource)
+        self._drop()
+
+    # -- internals
+    def _drop(self) -> None:
+        with self._lock:
+            source, self._source, self._frames = self._source, None, None
+            self._confirmed, self._pending = False, None
+        if source is not None:
+            source.close()
+
+    def _backoff(self, e: BaseException, what: str) -> None:
+        self.throttles += 1
+        self.throttled_in_a_row += 1
+        pause = max(MIN_SUBSCRIBE_SPACING_S, backoff_s(self.throttled_in_a_row, rng=self._rng))
+        self._next_call_at = max(self._next_call_at, self._clock() + pause)
+        log.info("%s on %s: %s; next subscription in %.2f s", what, self.resource,
+                 aws_error_code(e) or type(e).__name__, pause)
+
+    def _fatal(self, e: BaseException) -> Exception:
+        err = translate_aws_error(e, operation="SubscribeToShard", resource=self.resource)
+        if err.aws_code == "ResourceNotFoundException":
+            return StreamError(f"stream {self.stream!r}, shard {self.shard_id} or its stream consumer does not "
+                               "exist (SubscribeToShard)", aws_code=err.aws_code)
+        return err
+
+    @staticmethod
+    def _transient(e: BaseException) -> bool:
+        """A refusal or failure a later subscription may overcome (retried with backoff)."""
+        code = aws_error_code(e)
+        if code is not None:
+            return code in _RETRY_CODES or is_throttling(e)
+        import urllib3
+
+        # no AWS code: a network error (refused, reset, timed out); not missing credentials
+        return is_throttling(e) or isinstance(e, (urllib3.exceptions.HTTPError, OSError))
+
+    def _open(self) -> None:
+        from botocore.eventstream import EventStreamBuffer
+
+        position = self.position
+        starting: dict[str, Any] = {"Type": position.kind}
+        if position.kind == "AT_TIMESTAMP":
+            starting["Timestamp"] = position.iterator_args()["Timestamp"]
+        elif position.sequence_number is not None:
+            args = position.iterator_args()
+            starting.update(Type=args["ShardIteratorType"], SequenceNumber=position.sequence_number)
+        if position.kind == "AFTER_SEQUENCE_NUMBER" and position.sequence_number is not None \
+                and position.sub_sequence_number is not None:
+            self._skip_through = (seq_key(position.sequence_number), position.sub_sequence_number)
+        else:
+            self._skip_through = None
+        self._last_subscribe = now = self._clock()
+        self._next_call_at = now + MIN_SUBSCRIBE_SPACING_S
+        self.subscribe_calls += 1
+        try:
+            source = self._subscribe({"ConsumerARN": self.consumer_arn, "ShardId": self.shard_id,
+                                      "StartingPosition": starting})
+        except Exception as e:
+            if not self._transient(e):
+                raise self._fatal(e) from e
+            self._backoff(e, "SubscribeToShard refused or failed")
+            return
+        with self._lock:
+            if self._closed:
+                source.close()
+                return
+            self._source, self._frames = source, _frames(source, EventStreamBuffer())
+        self._opened_at = self._clock()
+        log.debug("%s: subscribed at %s", self.resource, position)
+
+    def step(self) -> Fetched | None:
+        """Subscribe when no subscription is open, else read its next event.
+
+        Blocking (a socket read, at most the read timeout); never sleeps: wait
+        :meth:`due_in` seconds before it.
+
+        Returns:
+            A :class:`~kinesis_actors.kinesis.Fetched` for an event (possibly with no
+            records), or None when the step subscribed, confirmed a subscription (its
+            first frame), renewed, or handled a refusal, a dropped connection or the end
+            of a subscription (step again).
+
+        Raises:
+            StreamError, KinesisError: see the class docstring.
+        """
+        if self._source is None:
+            if not self._closed:
+                self._open()
+            return None
+        if self._pending is not None:
+            message, self._pending = self._pending, None
+            return self._event(message)
+        if self._clock() - self._opened_at >= self.renew_after_s:
+            self.renewals += 1
+            log.info("%s: renewing the subscription at %s", self.resource, self.position)
+            self._drop()
+            return None
+        frames = self._frames
+        assert frames is not None
+        try:
+            message = next(frames, None)
+        except Exception as e:
+            if self._closed or self._source is None:
+                return None  # closed from another thread (lost lease, stop)
+            self.drops += 1
+            self._drop()
+            self._backoff(e, "subscription dropped")
+            return None
+        if message is None:  # the service ended the subscription (AWS: after 5 minutes)
+            self.renewals += 1
+            self._drop()
+            log.info("%s: subscription ended by the service; resubscribing at %s", self.resource, self.position)
+            return None
+        if not self._confirmed:
+            # HTTP 200 is not acceptance: kinesis-mock answers 200 and then sends
+            # ResourceInUseException as the first frame. The first frame decides.
+            if message.headers.get(":message-type") != "event":
+                return self._event(message)  # a refusal: dropped, backed off
+            self._confirmed = True
+            self.subscriptions += 1
+            self.throttled_in_a_row = 0
+            if message.headers.get(":event-type") == "SubscribeToShardEvent":
+                self._pending = message  # returned by the next step (the caller was only opening)
+            return None
+        return self._event(message)
+
+    def _event(self, message: Any) -> Fetched | None:
+        headers = message.headers
+        kind = headers.get(":message-type")
+        if kind != "event":
+            code = str(headers.get(":exception-type") or headers.get(":error-code") or "InternalFailure")
+            text = message.payload.decode("utf-8", "replace")[:300]
+            if kind == "error":
+                text = str(headers.get(":error-message") or text)
+            err = _Refused(code, text)
+            self.drops += 1
+            self._drop()
+            if not self._transient(err):
+                raise self._fatal(err) from err
+            self._backoff(err, "exception event")
+            return None
+        if headers.get(":event-type") != "SubscribeToShardEvent":
+            return None  # initial-response (AWS) and events this version does not know
+        event = parse_event_payload(message.payload)
+        self.events += 1
+        records = records_from_response(event.records, shard_id=self.shard_id, stream=self.stream)
+        if self._skip_through is not None and records:
+            skip, self._skip_through = self._skip_through, None
+            records = [r for r in records if r.position > skip]
+        if records:
+            self._last = records[-1]
+        self._continuation = event.continuation_sequence_number
+        self._start = self._restart
+        lag = event.millis_behind_latest
+        at_tip = not event.records and not lag
+        shard_end = bool(event.child_shards) or event.continuation_sequence_number is None or (
+            self._end_key is not None and (at_tip or (
+                self._last is not None and seq_key(self._last.sequence_number) >= self._end_key)))
+        if shard_end:
+            self._drop()
+        return Fetched(records, lag, shard_end, at_tip, sum(record_bytes(r) for r in records))
