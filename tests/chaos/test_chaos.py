@@ -472,7 +472,9 @@ def test_4_sigkill_one_of_two_driver_processes(chaos_cluster: Any, emulator: Any
             killed = signal_tree(victim.proc.pid, signal.SIGKILL)
             wait_until(lambda: set(victims) <= {d.shard_id for d in survivor.rows() if d.t > t}, timeout_s=60,  # type: ignore[union-attr]
                        what="the survivor delivering the victim's shards")
-            taken = sampler.first_time(lambda r: all(r.get(s, (None,))[0] == "survivor" for s in victims), after=t)
+            # the sampler reads the table every 0.1 s, but one read can lag the survivor's first delivery
+            taken = wait_until(lambda: sampler.first_time(lambda r: all(r.get(s, (None,))[0] == "survivor" for s in victims),
+                                                          after=t), timeout_s=10, what="a table sample with the survivor owning them")
             published = publisher.stop()
             wait_all_delivered(publisher, lambda: {d.n for d in rows()}, timeout_s=60)
             verdict = check("4_sigkill_driver_process", published, rows(), fault_at=t, affected=victims)
