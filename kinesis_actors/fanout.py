@@ -46,9 +46,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from .errors import InvalidError, KinesisError, StreamError, aws_error_code, is_throttling, translate_aws_error
-from .kinesis import Fetched, backoff_s, call_with_retry, describe_stream, record_bytes
-from .records import Record, StartAt, records_from_response, seq_key
+from .errors import InvalidError, KinesisError, StreamError, aws_error_code, is_throttling
+from .kinesis import Fetched, ShardPosition, backoff_s, call_with_retry, describe_stream, record_bytes
+from .records import StartAt, seq_key
 
 __all__ = ["ensure_stream_consumer", "deregister_stream_consumer", "FanOutFetcher", "HttpSubscriber", "EventSource",
            "Subscribe", "SubscriptionEvent", "parse_event_payload", "MIN_SUBSCRIBE_SPACING_S",
@@ -347,7 +347,7 @@ def _frames(source: EventSource, buffer: Any) -> Iterator[Any]:
 
 
 # --------------------------------------------------------------------------- the fetcher
-class FanOutFetcher:
+class FanOutFetcher(ShardPosition):
     """Reads one shard through enhanced fan-out: one ``SubscribeToShard`` at a time, renewed.
 
     The same contract as :class:`~kinesis_actors.kinesis.ShardFetcher`: :meth:`step` does
@@ -409,22 +409,16 @@ class FanOutFetcher:
                  clock: Callable[[], float] = time.monotonic, rng: Callable[[], float] = random.random) -> None:
         if not consumer_arn:
             raise InvalidError("FanOutFetcher needs a consumer_arn")
+        super().__init__(stream, shard_id, start, restart_at, ending_sequence_number)
         self.client = client
-        self.stream = stream
-        self.shard_id = shard_id
         self.consumer_arn = consumer_arn
         self.renew_after_s = renew_after_s
         if subscribe is None:
             subscribe = getattr(client, "open_subscription", None) or HttpSubscriber(client)
         self._subscribe: Subscribe = subscribe
-        self._end_key = seq_key(ending_sequence_number) if ending_sequence_number else None
         self._clock = clock
         self._rng = rng
-        self._start = start
-        self._restart = restart_at or start
-        self._last: Record | None = None
         self._continuation: str | None = None
-        self._skip_through: tuple[int, int] | None = None
         self._source: EventSource | None = None
         self._confirmed = False  # the subscription's first frame arrived and was not a refusal
         self._pending: Any = None  # that first frame, when it was an event: returned by the next step
@@ -445,11 +439,6 @@ class FanOutFetcher:
         self.expired_iterators = 0  # likewise
 
     # -- the seam shared with ShardFetcher
-    @property
-    def resource(self) -> str:
-        """``"<stream>/<shard id>"``, for messages."""
-        return f"{self.stream}/{self.shard_id}"
-
     @property
     def position(self) -> StartAt:
         """Where the next subscription opens (see the class docstring)."""
@@ -518,11 +507,8 @@ class FanOutFetcher:
                  aws_error_code(e) or type(e).__name__, pause)
 
     def _fatal(self, e: BaseException) -> Exception:
-        err = translate_aws_error(e, operation="SubscribeToShard", resource=self.resource)
-        if err.aws_code == "ResourceNotFoundException":
-            return StreamError(f"stream {self.stream!r}, shard {self.shard_id} or its stream consumer does not "
-                               "exist (SubscribeToShard)", aws_code=err.aws_code)
-        return err
+        return self._not_found(e, "SubscribeToShard",
+                               f"stream {self.stream!r}, shard {self.shard_id} or its stream consumer")
 
     @staticmethod
     def _transient(e: BaseException) -> bool:
@@ -545,11 +531,7 @@ class FanOutFetcher:
         elif position.sequence_number is not None:
             args = position.iterator_args()
             starting.update(Type=args["ShardIteratorType"], SequenceNumber=position.sequence_number)
-        if position.kind == "AFTER_SEQUENCE_NUMBER" and position.sequence_number is not None \
-                and position.sub_sequence_number is not None:
-            self._skip_through = (seq_key(position.sequence_number), position.sub_sequence_number)
-        else:
-            self._skip_through = None
+        self._arm_skip(position)
         self._last_subscribe = now = self._clock()
         self._next_call_at = now + MIN_SUBSCRIBE_SPACING_S
         self.subscribe_calls += 1
@@ -644,19 +626,11 @@ class FanOutFetcher:
             return None  # initial-response (AWS) and events this version does not know
         event = parse_event_payload(message.payload)
         self.events += 1
-        records = records_from_response(event.records, shard_id=self.shard_id, stream=self.stream)
-        if self._skip_through is not None and records:
-            skip, self._skip_through = self._skip_through, None
-            records = [r for r in records if r.position > skip]
-        if records:
-            self._last = records[-1]
+        records = self._accept(event.records)
         self._continuation = event.continuation_sequence_number
-        self._start = self._restart
         lag = event.millis_behind_latest
         at_tip = not event.records and not lag
-        shard_end = bool(event.child_shards) or event.continuation_sequence_number is None or (
-            self._end_key is not None and (at_tip or (
-                self._last is not None and seq_key(self._last.sequence_number) >= self._end_key)))
+        shard_end = bool(event.child_shards) or event.continuation_sequence_number is None or self._past_end(at_tip)
         if shard_end:
             self._drop()
         return Fetched(records, lag, shard_end, at_tip, sum(record_bytes(r) for r in records))

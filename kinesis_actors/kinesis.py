@@ -229,7 +229,73 @@ class Fetched:
     bytes: int
 
 
-class ShardFetcher:
+class ShardPosition:
+    """What both shard fetchers (polling :class:`ShardFetcher`, enhanced fan-out
+    ``FanOutFetcher``) keep about where a shard is read: the start, the last record
+    returned, the KPL user records to drop after resuming inside an aggregate, and the
+    end of a closed shard. One implementation, so the two read paths cannot disagree
+    on what was returned or where a read resumes.
+
+    Args:
+        stream: the stream name. shard_id: the shard.
+        start: where to open when no record was returned yet.
+        restart_at: where to reopen when the first open fails before any record was
+            returned (default ``start``): a ``LATEST`` start reopens at its recorded
+            ``AT_TIMESTAMP``.
+        ending_sequence_number: a closed shard's ``EndingSequenceNumber``, or None.
+    """
+
+    def __init__(self, stream: str, shard_id: str, start: StartAt, restart_at: StartAt | None,
+                 ending_sequence_number: str | None) -> None:
+        self.stream = stream
+        self.shard_id = shard_id
+        self._start = start
+        self._restart = restart_at or start
+        self._end_key = seq_key(ending_sequence_number) if ending_sequence_number else None
+        self._last: Record | None = None
+        self._skip_through: tuple[int, int] | None = None
+
+    @property
+    def resource(self) -> str:
+        """``"<stream>/<shard id>"``, for messages."""
+        return f"{self.stream}/{self.shard_id}"
+
+    def _arm_skip(self, position: StartAt) -> None:
+        """Before opening at ``position``: resuming inside a KPL aggregate (``AFTER_SEQUENCE_NUMBER``
+        with a sub-sequence) re-reads the aggregate, so the user records through it are dropped once."""
+        if position.kind == "AFTER_SEQUENCE_NUMBER" and position.sequence_number is not None \
+                and position.sub_sequence_number is not None:
+            self._skip_through = (seq_key(position.sequence_number), position.sub_sequence_number)
+        else:
+            self._skip_through = None
+
+    def _accept(self, raw: list[dict[str, Any]]) -> list[Record]:
+        """The user records of one answer (``Records`` of ``GetRecords`` or of an event), minus
+        those already returned; the last one becomes the resume point."""
+        records = records_from_response(raw, shard_id=self.shard_id, stream=self.stream)
+        if self._skip_through is not None and records:
+            skip, self._skip_through = self._skip_through, None
+            records = [r for r in records if r.position > skip]
+        if records:
+            self._last = records[-1]
+        self._start = self._restart
+        return records
+
+    def _past_end(self, at_tip: bool) -> bool:
+        """A closed shard is read to its end: at the tip, or past ``EndingSequenceNumber``."""
+        return self._end_key is not None and (
+            at_tip or (self._last is not None and seq_key(self._last.sequence_number) >= self._end_key))
+
+    def _not_found(self, e: BaseException, operation: str, what: str) -> Exception:
+        """The library's error for a failed call: ``StreamError`` naming ``what`` for
+        ``ResourceNotFoundException``, else the translated ``KinesisError``."""
+        err = translate_aws_error(e, operation=operation, resource=self.resource)
+        if err.aws_code == "ResourceNotFoundException":
+            return StreamError(f"{what} does not exist ({operation})", aws_code=err.aws_code)
+        return err
+
+
+class ShardFetcher(ShardPosition):
     """Reads one shard: its iterator, ``GetRecords``, expired iterators, throttling, pacing.
 
     :meth:`step` makes at most ONE AWS call and never sleeps; :meth:`due_in` says how many
@@ -280,31 +346,20 @@ class ShardFetcher:
                  ending_sequence_number: str | None = None, max_records: int = 10_000, idle_wait_s: float = 0.25,
                  max_idle_wait_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
                  rng: Callable[[], float] = random.random) -> None:
+        super().__init__(stream, shard_id, start, restart_at, ending_sequence_number)
         self.client = client
-        self.stream = stream
-        self.shard_id = shard_id
         self.max_records = max_records
         self.idle_wait_s = idle_wait_s
         self.max_idle_wait_s = max(idle_wait_s, max_idle_wait_s)
-        self._end_key = seq_key(ending_sequence_number) if ending_sequence_number else None
         self._clock = clock
         self._rng = rng
-        self._start = start
-        self._restart = restart_at or start
-        self._last: Record | None = None
         self._iterator: str | None = None
-        self._skip_through: tuple[int, int] | None = None
         self._next_call_at = 0.0
         self._idle = 0  # empty answers at the tip in a row
         self.throttled_in_a_row = 0
         self.get_records_calls = 0
         self.throttles = 0
         self.expired_iterators = 0
-
-    @property
-    def resource(self) -> str:
-        """``"<stream>/<shard id>"``, for messages."""
-        return f"{self.stream}/{self.shard_id}"
 
     @property
     def position(self) -> StartAt:
@@ -340,11 +395,7 @@ class ShardFetcher:
     def _open(self) -> None:
         position = self.position
         args = position.iterator_args()
-        if position.kind == "AFTER_SEQUENCE_NUMBER" and position.sequence_number is not None:
-            sub = position.sub_sequence_number
-            self._skip_through = (seq_key(position.sequence_number), 2**62 if sub is None else sub)
-        else:
-            self._skip_through = None
+        self._arm_skip(position)
         try:
             self._iterator = self.client.get_shard_iterator(StreamName=self.stream, ShardId=self.shard_id,
                                                             **args)["ShardIterator"]
@@ -357,11 +408,7 @@ class ShardFetcher:
         self._start = self._restart
 
     def _fatal(self, e: BaseException, operation: str) -> Exception:
-        err = translate_aws_error(e, operation=operation, resource=self.resource)
-        if err.aws_code == "ResourceNotFoundException":
-            return StreamError(f"stream {self.stream!r} or shard {self.shard_id} does not exist ({operation})",
-                               aws_code=err.aws_code)
-        return err
+        return self._not_found(e, operation, f"stream {self.stream!r} or shard {self.shard_id}")
 
     def step(self) -> Fetched | None:
         """One AWS call: ``GetShardIterator`` when no iterator is held, else ``GetRecords``.
@@ -395,17 +442,11 @@ class ShardFetcher:
             return None
         self.throttled_in_a_row = 0
         raw = response.get("Records") or []
-        records = records_from_response(raw, shard_id=self.shard_id, stream=self.stream)
-        if self._skip_through is not None and records:
-            skip, self._skip_through = self._skip_through, None
-            records = [r for r in records if r.position > skip]
+        records = self._accept(raw)
         lag = response.get("MillisBehindLatest")
         self._iterator = response.get("NextShardIterator")
-        if records:
-            self._last = records[-1]
         at_tip = not raw and not lag
-        shard_end = self._iterator is None or (self._end_key is not None and (
-            at_tip or (self._last is not None and seq_key(self._last.sequence_number) >= self._end_key)))
+        shard_end = self._iterator is None or self._past_end(at_tip)
         if at_tip:
             self._idle += 1
             wait = min(self.max_idle_wait_s, self.idle_wait_s * 2 ** (self._idle - 1))
