@@ -46,19 +46,24 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from .backoff import Backoff
 from .errors import InvalidError, KinesisError, StreamError, aws_error_code, is_throttling
-from .kinesis import Fetched, ShardPosition, backoff_s, call_with_retry, describe_stream, record_bytes
+from .kinesis import Fetched, ShardPosition, call_with_retry, describe_stream, record_bytes
 from .records import StartAt, seq_key
 
 __all__ = ["ensure_stream_consumer", "deregister_stream_consumer", "FanOutFetcher", "HttpSubscriber", "EventSource",
            "Subscribe", "SubscriptionEvent", "parse_event_payload", "MIN_SUBSCRIBE_SPACING_S",
-           "SUBSCRIPTION_RENEW_S", "FANOUT_EVENT_RESERVE_BYTES"]
+           "SUBSCRIPTION_RENEW_S", "FANOUT_EVENT_RESERVE_BYTES", "SUBSCRIBE_BACKOFF"]
 
 log = logging.getLogger(__name__)
 
 MIN_SUBSCRIBE_SPACING_S = 1.0
 """Shortest gap between two ``SubscribeToShard`` calls on one shard, seconds: AWS allows one
 call per second per shard and consumer (``LimitExceededException`` beyond)."""
+
+SUBSCRIBE_BACKOFF = Backoff(base_s=MIN_SUBSCRIBE_SPACING_S, cap_s=5.0, floor_s=MIN_SUBSCRIBE_SPACING_S)
+"""Waits before a new ``SubscribeToShard`` after a refused or lost one, seconds: full jitter
+from :data:`MIN_SUBSCRIBE_SPACING_S` up to 5 s."""
 
 SUBSCRIPTION_RENEW_S = 290.0
 """Age at which an open subscription is renewed, seconds. AWS ends a subscription after 5
@@ -377,7 +382,7 @@ class FanOutFetcher(ShardPosition):
     * ``ResourceInUseException`` (the previous subscription of this consumer and shard is
       still open on the service side), ``LimitExceededException`` (more than one
       ``SubscribeToShard`` per second), throttling, 5xx, network errors, a read timeout:
-      exponential backoff with jitter (:func:`~kinesis_actors.kinesis.backoff_s`, at least
+      exponential backoff with full jitter (:data:`SUBSCRIBE_BACKOFF`, at least
       ``MIN_SUBSCRIBE_SPACING_S``), then a new subscription. Subscriptions on one shard are
       never closer than :data:`MIN_SUBSCRIBE_SPACING_S`.
     * Shard end: an event with ``ChildShards``, or without ``ContinuationSequenceNumber``,
@@ -501,7 +506,7 @@ class FanOutFetcher(ShardPosition):
     def _backoff(self, e: BaseException, what: str) -> None:
         self.throttles += 1
         self.throttled_in_a_row += 1
-        pause = max(MIN_SUBSCRIBE_SPACING_S, backoff_s(self.throttled_in_a_row, rng=self._rng))
+        pause = SUBSCRIBE_BACKOFF.delay_s(self.throttled_in_a_row, rng=self._rng)
         self._next_call_at = max(self._next_call_at, self._clock() + pause)
         log.info("%s on %s: %s; next subscription in %.2f s", what, self.resource,
                  aws_error_code(e) or type(e).__name__, pause)
