@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .backoff import THROTTLE_BACKOFF, Backoff
-from .errors import StreamError, aws_error_code, is_throttling, is_unreachable, translate_aws_error
+from .errors import KinesisError, StreamError, aws_error_code, is_throttling, is_unreachable, translate_aws_error
 from .records import Record, StartAt, records_from_response, seq_key
 
 __all__ = ["ShardInfo", "describe_stream", "ensure_stream", "list_shards", "call_with_retry", "ShardFetcher",
@@ -181,7 +181,9 @@ def list_shards(client: Any, stream: str, *, deadline_s: float = 30.0) -> list[S
         try:
             response = call_with_retry(functools.partial(client.list_shards, NextToken=token),
                                        operation="ListShards", resource=stream, deadline_s=deadline_s)
-        except Exception:
+        except KinesisError as e:  # moto refuses NextToken without StreamName (AWS refuses both together)
+            log.debug("ListShards of %s by NextToken alone refused (%s); asking with the stream name too",
+                      stream, e.aws_code)
             response = call_with_retry(functools.partial(client.list_shards, StreamName=stream, NextToken=token),
                                        operation="ListShards", resource=stream, deadline_s=deadline_s)
     return sorted(shards, key=lambda s: s.shard_id)

@@ -172,11 +172,14 @@ class Subscription:
             batch = ray.get(queue.next.remote(float(timeout_s), True), timeout=float(timeout_s) + _RAY_CALL_TIMEOUT_S)
         except Exception as e:
             raise _unwrap(e) from None
+        return self._received(batch)
+
+    def _received(self, batch: list[Record] | None) -> list[Record]:
+        """The batch the queue handed over, or ``[]`` after raising the parked error, if any."""
         if batch is None:
             self._raise_parked()
             return []
-        records: list[Record] = batch
-        return records
+        return batch
 
     def ack(self) -> None:
         """Acknowledge the batch last returned, now (its reader checkpoints it)."""
@@ -200,11 +203,7 @@ class Subscription:
             batch = await queue.next.remote(float(timeout_s), True)
         except Exception as e:
             raise _unwrap(e) from None
-        if batch is None:
-            self._raise_parked()
-            return []
-        records: list[Record] = batch
-        return records
+        return self._received(batch)
 
     async def __aiter__(self) -> AsyncIterator[list[Record]]:
         while not self._closed:
@@ -380,8 +379,8 @@ class Subscription:
             if actor is not None:
                 try:
                     ray.kill(actor, no_restart=True)
-                except ValueError:  # not an actor handle (Ray raises nothing for a dead actor)
-                    log.debug("%r is not an actor to kill", actor)
+                except (ValueError, ray.exceptions.RayError) as e:  # not an actor handle; Ray shut down already
+                    log.info("%s: killing %r: %r", self.stream.name, actor, e)
         state = self._broker._state
         with state.lock:
             if state.subscriptions.get(self.stream.name) is self:
