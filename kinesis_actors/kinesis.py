@@ -74,11 +74,12 @@ class ShardInfo:
 
 
 def call_with_retry(fn: Callable[[], T], *, operation: str, resource: str, deadline_s: float = 30.0,
-                    backoff: Backoff = CONTROL_PLANE_BACKOFF) -> T:
+                    backoff: Backoff | None = None) -> T:
     """Call ``fn`` and retry throttling/transient errors with full-jitter backoff until ``deadline_s``.
 
-    The ``n``-th wait is ``backoff.delay_s(n)`` (:data:`CONTROL_PLANE_BACKOFF`), cut short
-    at the deadline; blocking (``time.sleep``), for the driver and the control plane.
+    The ``n``-th wait is ``backoff.delay_s(n)`` (default :data:`CONTROL_PLANE_BACKOFF`, read
+    at each call), cut short at the deadline; blocking (``time.sleep``), for the driver and
+    the control plane.
 
     An endpoint that cannot be reached (connection refused: nothing listens) is not
     retried here past botocore's own attempts: the caller hears at once, with the URL.
@@ -97,7 +98,7 @@ def call_with_retry(fn: Callable[[], T], *, operation: str, resource: str, deadl
             # An endpoint that refuses connections was retried by botocore already.
             if not is_throttling(e) or is_unreachable(e) or time.monotonic() >= end:
                 raise err from e
-            pause = backoff.delay_s(attempt)
+            pause = (backoff or CONTROL_PLANE_BACKOFF).delay_s(attempt)
             log.info("%s on %s throttled (%s); retrying in %.2f s", operation, resource, err.aws_code, pause)
             time.sleep(min(pause, max(0.0, end - time.monotonic())))
 
