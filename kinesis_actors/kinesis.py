@@ -19,14 +19,20 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .errors import StreamError, aws_error_code, is_throttling, is_unreachable, translate_aws_error
+from .backoff import THROTTLE_BACKOFF, Backoff
+from .errors import KinesisError, StreamError, aws_error_code, is_throttling, is_unreachable, translate_aws_error
 from .records import Record, StartAt, records_from_response, seq_key
 
 __all__ = ["ShardInfo", "describe_stream", "ensure_stream", "list_shards", "call_with_retry", "ShardFetcher",
-           "Fetched", "MIN_CALL_SPACING_S", "GET_RECORDS_MAX_BYTES", "record_bytes", "backoff_s"]
+           "Fetched", "MIN_CALL_SPACING_S", "GET_RECORDS_MAX_BYTES", "record_bytes", "backoff_s",
+           "CONTROL_PLANE_BACKOFF"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+CONTROL_PLANE_BACKOFF = Backoff(base_s=0.4, cap_s=3.0, floor_s=0.1)
+"""Waits of :func:`call_with_retry` between throttled control-plane calls (``ListShards``,
+``DescribeStreamSummary``, stream consumers: a few calls per second per account), seconds."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +73,13 @@ class ShardInfo:
         )
 
 
-def call_with_retry(fn: Callable[[], T], *, operation: str, resource: str, deadline_s: float = 30.0) -> T:
+def call_with_retry(fn: Callable[[], T], *, operation: str, resource: str, deadline_s: float = 30.0,
+                    backoff: Backoff | None = None) -> T:
     """Call ``fn`` and retry throttling/transient errors with full-jitter backoff until ``deadline_s``.
+
+    The ``n``-th wait is ``backoff.delay_s(n)`` (default :data:`CONTROL_PLANE_BACKOFF`, read
+    at each call), cut short at the deadline; blocking (``time.sleep``), for the driver and
+    the control plane.
 
     An endpoint that cannot be reached (connection refused: nothing listens) is not
     retried here past botocore's own attempts: the caller hears at once, with the URL.
@@ -87,7 +98,7 @@ def call_with_retry(fn: Callable[[], T], *, operation: str, resource: str, deadl
             # An endpoint that refuses connections was retried by botocore already.
             if not is_throttling(e) or is_unreachable(e) or time.monotonic() >= end:
                 raise err from e
-            pause = random.uniform(0.1, min(3.0, 0.2 * 2**attempt))
+            pause = (backoff or CONTROL_PLANE_BACKOFF).delay_s(attempt)
             log.info("%s on %s throttled (%s); retrying in %.2f s", operation, resource, err.aws_code, pause)
             time.sleep(min(pause, max(0.0, end - time.monotonic())))
 
@@ -171,7 +182,9 @@ def list_shards(client: Any, stream: str, *, deadline_s: float = 30.0) -> list[S
         try:
             response = call_with_retry(functools.partial(client.list_shards, NextToken=token),
                                        operation="ListShards", resource=stream, deadline_s=deadline_s)
-        except Exception:
+        except KinesisError as e:  # moto refuses NextToken without StreamName (AWS refuses both together)
+            log.debug("ListShards of %s by NextToken alone refused (%s); asking with the stream name too",
+                      stream, e.aws_code)
             response = call_with_retry(functools.partial(client.list_shards, StreamName=stream, NextToken=token),
                                        operation="ListShards", resource=stream, deadline_s=deadline_s)
     return sorted(shards, key=lambda s: s.shard_id)
@@ -196,10 +209,10 @@ def record_bytes(record: Record) -> int:
 
 
 def backoff_s(attempt: int, *, rng: Callable[[], float] = random.random) -> float:
-    """Exponential backoff with jitter for the ``attempt``-th retry (1-based), seconds:
-    the first wait is in [0.2, 0.4), each later one doubles, capped at 5 s."""
-    base = min(5.0, 0.2 * 2.0 ** (attempt - 1))
-    return min(5.0, base + rng() * base)
+    """The wait after the ``attempt``-th throttle in a row (1-based) of a shard's Kinesis
+    calls, seconds: :data:`~kinesis_actors.backoff.THROTTLE_BACKOFF` (full jitter, at least
+    0.2 s, at most 5 s). ``rng``: uniform in ``[0, 1)``."""
+    return THROTTLE_BACKOFF.delay_s(attempt, rng=rng)
 
 
 def _is_expired_iterator(exc: BaseException) -> bool:

@@ -240,6 +240,6 @@ class RayCoordinatorRef:
         import ray
 
         try:
-            ray.kill(self.actor, no_restart=True)
-        except Exception:
-            pass
+            ray.kill(self.actor, no_restart=True)  # a dead actor is no error
+        except (ValueError, ray.exceptions.RayError) as e:  # not an actor handle; Ray shut down already
+            log.info("killing the Coordinator %r: %r", self.actor, e)

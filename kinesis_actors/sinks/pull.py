@@ -41,11 +41,25 @@ class PullQueueCore:
 
     async def process_batch(self, records: list[Record]) -> None:
         """Called by a reader: queue ``records`` (one shard's batch) and return once the driver
-        acknowledges it (``next`` or ``ack``). Never raises; a reader that stops cancels its wait."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((next(self._ids), records, future))
+        acknowledges it (``next`` or ``ack``).
+
+        A reader that stops or loses its lease cancels the call (``ray.cancel``, through
+        :class:`~kinesis_actors.sinks.ActorSink`); Ray then cancels this coroutine, and the
+        batch leaves the queue: ``next`` never hands it to the driver. One the driver
+        already holds stays its current batch (acknowledging it then changes nothing).
+
+        Raises:
+            asyncio.CancelledError: the call was cancelled.
+        """
+        entry = (next(self._ids), records, asyncio.get_running_loop().create_future())
+        self._waiting.append(entry)
         self._event().set()
-        await future
+        try:
+            await entry[2]
+        except asyncio.CancelledError:
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+            raise
 
     def ack(self) -> bool:
         """Acknowledge the batch the driver holds; False if it holds none."""
@@ -72,7 +86,7 @@ class PullQueueCore:
                 raise self._error
             while self._waiting:
                 batch_id, records, future = self._waiting.popleft()
-                if future.done():  # its reader gave up on it (stopped or lost its lease)
+                if future.done():  # its call was cancelled (the reader stopped or lost its lease)
                     continue
                 self._current = (batch_id, future)
                 return records

@@ -1,6 +1,6 @@
 """Lease-balancing primitives of every lease store: presence rows, graceful handoff, clock skew.
 
-Runs against the in-process store, MemoryLeaseStore (Ray) and DynamoDB (the emulator),
+Runs against the in-process store and DynamoDB (the emulator; MemoryLeaseStore in tests/integration),
 with the fixtures of the main contract suite. Expiry and staleness are driven by a
 :class:`FakeClock`; wall clocks are skewed to show that no decision reads them.
 """
@@ -23,7 +23,6 @@ from .test_lease_store_contract import (  # noqa: F401  (fixtures)
     clock,
     kind,
     make_store,
-    memory_table,
     store,
     stream,
 )

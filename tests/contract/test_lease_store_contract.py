@@ -1,7 +1,9 @@
-"""One behaviour suite for every lease store (in-process, MemoryLeaseStore on Ray, DynamoDB).
+"""One behaviour suite for every lease store: here in-process and DynamoDB (the embedded emulator).
 
-Each test gets a fresh table (a new in-process dict, a new Ray actor, or a new DynamoDB
-table on the session's emulator) and unique stream names. Expiry is driven by an
+The contract tier starts no Ray: MemoryLeaseStore (rows in a Ray actor) runs this same
+suite in tests/integration/test_memory_store_contract.py, with the Ray-task checks.
+Each test gets a fresh table (a new in-process dict, or a new DynamoDB table on the
+session's emulator) and unique stream names. Expiry is driven by an
 injectable monotonic clock (:class:`FakeClock`), so no test sleeps for a lease to lapse.
 """
 
@@ -20,7 +22,7 @@ import pytest
 
 from kinesis_actors.aws import AwsSettings
 from kinesis_actors.errors import InvalidError, LeaseLostError, LeaseStoreError
-from kinesis_actors.leases import SHARD_END, DynamoLeaseStore, Lease, LeaseStore, MemoryLeaseStore
+from kinesis_actors.leases import SHARD_END, DynamoLeaseStore, Lease, LeaseStore
 from kinesis_actors.testing import FakeClock, FlakyLeaseStore, InProcessLeaseStore
 
 SHARD = "shardId-000000000000"
@@ -28,7 +30,7 @@ DURATION_S = 10.0
 SEQ_56 = "49590338271490256608559692538361571095921575989136588898"
 assert len(SEQ_56) == 56
 
-KINDS = ["in_process", "memory", "dynamodb"]
+KINDS = ["in_process", "dynamodb"]  # "memory": tests/integration/test_memory_store_contract.py
 
 
 MakeStore = Callable[..., Any]
@@ -39,24 +41,13 @@ def kind(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-@pytest.fixture(scope="module")
-def memory_table(ray_session: None) -> Iterator[MemoryLeaseStore]:
-    """One MemoryLeaseStore actor for the module (a new actor costs ~1.5 s on 2 cores).
-
-    Tests reach it through ``peer()`` copies (fresh observation tables) and use unique
-    stream names, so they never see each other's rows.
-    """
-    store = MemoryLeaseStore().open()
-    yield store
-    store.close()
-
-
 @pytest.fixture
 def make_store(request: pytest.FixtureRequest, kind: str, unique: str) -> Iterator[MakeStore]:
     """``make_store(clock=None, **dynamo_kwargs)``: a store of this kind that has seen nothing.
 
-    In-process and DynamoDB: a new, empty table each call. Memory: a fresh copy over the
-    module's actor (the test's unique streams are empty there). Use ``store.peer()`` for
+    In-process and DynamoDB: a new, empty table each call. Memory (the integration
+    module): a fresh copy over its ``memory_table`` actor (the test's unique streams are
+    empty there). Use ``store.peer()`` for
     a second "host" over the same rows.
     """
     counter = iter(range(1000))
@@ -487,41 +478,6 @@ def test_pickle_round_trip(kind: str, store: Any, stream: str) -> None:
         return  # an in-process store's copy is a snapshot
     lease = copy.renew(lease)  # the copy reaches the same rows
     assert store.get(stream, SHARD) == lease
-
-
-@pytest.mark.parametrize("kind", ["memory", "dynamodb"])
-def test_store_works_inside_a_ray_task(kind: str, make_store: MakeStore, stream: str,
-                                       request: pytest.FixtureRequest) -> None:
-    import ray
-
-    request.getfixturevalue("ray_session")
-    store = make_store()
-    lease = store.take(stream, SHARD, owner="a", duration_s=DURATION_S)
-
-    def checkpoint_remotely(remote_store: Any, held: Lease) -> Lease:
-        return remote_store.checkpoint(held, SEQ_56)
-
-    task = ray.remote(num_cpus=0)(checkpoint_remotely)
-    new = ray.get(task.remote(store, lease), timeout=60)
-    assert new.checkpoint == SEQ_56 and new.counter == lease.counter + 1
-    assert store.get(stream, SHARD) == new
-
-
-# --------------------------------------------------------------------------- memory specifics
-
-
-def test_memory_store_closed_raises_lease_store_error(request: pytest.FixtureRequest, stream: str) -> None:
-    request.getfixturevalue("ray_session")
-    store = MemoryLeaseStore().open()
-    other = pickle.loads(pickle.dumps(store))
-    other.get(stream, SHARD)  # the copy has found the actor
-    store.close()
-    store.close()  # idempotent
-    with pytest.raises(LeaseStoreError):
-        store.get(stream, SHARD)
-    with pytest.raises(LeaseStoreError) as info:
-        other.get(stream, SHARD)
-    assert not info.value.retriable
 
 
 # --------------------------------------------------------------------------- DynamoDB specifics
