@@ -760,13 +760,27 @@ class CoordinatorCore:
             log.info("%s: room for %d of %d leases to take now; the pool is growing", self.stream.name,
                      len(wanted) - no_room, len(wanted))
             wanted = wanted[:len(wanted) - no_room]
-        taken = [t for t in await asyncio.gather(*(self._take_new(sid, rows) for sid in wanted)) if t is not None]
+        taken = []
+        for sid, got in zip(wanted, await asyncio.gather(*(self._take_new(sid, rows) for sid in wanted),
+                                                        return_exceptions=True)):
+            if isinstance(got, Exception):  # one failed take costs none of the others; retried next poll
+                self.counters["takes_failed"] = self.counters.get("takes_failed", 0) + 1
+                log.warning("shard %s: take failed (%r); retried at the next poll", sid, got)
+            elif isinstance(got, BaseException):
+                raise got
+            elif got is not None:
+                taken.append(got)
         if plan.steal:
             self._last_steal = now
         for shard_id, victim in plan.steal:
             row = rows[shard_id]
-            if await self._io(self.store.request_handoff, self.stream.name, shard_id,
-                              owner=self.owner_id, expect_counter=row.counter):
+            try:
+                asked = await self._io(self.store.request_handoff, self.stream.name, shard_id,
+                                       owner=self.owner_id, expect_counter=row.counter)
+            except Exception as e:  # a throttled write: the planner asks again at a later poll
+                log.warning("shard %s: handoff request failed (%r)", shard_id, e)
+                continue
+            if asked:
                 self._handoffs[shard_id] = (victim, now)
                 self.counters["handoffs_requested"] += 1
                 log.info("shard %s: asked %s for a handoff (target %d, live %s)", shard_id, victim, plan.target,
@@ -909,8 +923,13 @@ class CoordinatorCore:
             if now - since < self._handoff_timeout_s or shard_id not in self._shards:
                 continue
             self._handoffs.pop(shard_id, None)
-            lease = await self._io(self.store.force_handoff, self.stream.name, shard_id,
-                                   owner=self.owner_id, duration_s=self.lease_duration_s)
+            try:
+                lease = await self._io(self.store.force_handoff, self.stream.name, shard_id,
+                                       owner=self.owner_id, duration_s=self.lease_duration_s)
+            except Exception as e:  # a throttled write: the next poll forces it again
+                self._handoffs[shard_id] = (victim, since)
+                log.warning("shard %s: forced takeover failed (%r); retried at the next poll", shard_id, e)
+                continue
             if lease is not None:
                 self.counters["handoffs_forced"] += 1
                 self.counters["leases_taken"] += 1

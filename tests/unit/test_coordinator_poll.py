@@ -1,0 +1,125 @@
+"""CoordinatorCore's lease poll without Ray: fake readers over an in-process lease table."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kinesis_actors.aws import AwsSettings
+from kinesis_actors.config import KinesisStream
+from kinesis_actors.coordinator import CoordinatorCore
+from kinesis_actors.errors import LeaseStoreError
+from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardEvent
+from kinesis_actors.records import StartAt
+from kinesis_actors.testing import FakeClock, FakeKinesis, InProcessLeaseStore
+
+STREAM = "s"
+
+
+class OpenReader:
+    """A ReaderHandle whose consumers open at once and hold their lease until closed."""
+
+    def __init__(self, opened: dict[str, Any]) -> None:
+        self.opened = opened
+
+    async def ping(self) -> None: ...
+
+    async def add(self, spec: ReaderSpec, lease: Any, *, lease_age_s: float | None = None) -> ShardEvent:
+        self.opened[spec.shard_id] = (lease, lease_age_s)
+        return ShardEvent(spec.shard_id, ConsumerState.PROCESSING.value)
+
+    async def events(self, timeout_s: float) -> list[ShardEvent]:
+        await asyncio.sleep(timeout_s)
+        return []
+
+    async def stop(self, shard_id: str | None, release: bool = True, grace_s: float = 5.0) -> None: ...
+
+    async def seek(self, shard_id: str, position: StartAt) -> bool:
+        return True
+
+    async def stats(self) -> dict[str, Any]:
+        return {"shards": {}, "reader": {}}
+
+    async def request_handoff(self, shard_id: str, asker: str) -> bool:
+        return False
+
+    def kill(self) -> None: ...
+
+
+class OneTakeFails(InProcessLeaseStore):
+    """The first take of ``shard`` raises (a throttled conditional write)."""
+
+    def __init__(self, shard: str) -> None:
+        super().__init__()
+        self.failing = shard
+
+    def take(self, stream: str, shard_id: str, **kw: Any) -> Any:
+        if shard_id == self.failing:
+            self.failing = ""
+            raise LeaseStoreError("the lease table throttled this write")
+        return super().take(stream, shard_id, **kw)
+
+
+def core_over(store: InProcessLeaseStore, kinesis: FakeKinesis, opened: dict[str, Any],
+              **kw: Any) -> CoordinatorCore:
+    return CoordinatorCore(KinesisStream(STREAM, start_at=StartAt.trim_horizon()), aws=AwsSettings(), store=store,
+                           owner_id="me", lease_duration_s=5.0, renew_interval_s=1.0,
+                           launcher=lambda _: OpenReader(opened), kinesis=kinesis, **kw)
+
+
+def test_one_failed_take_costs_no_other_lease_of_the_poll() -> None:
+    kinesis, opened = FakeKinesis(4), {}
+    failing = sorted(kinesis.shards)[1]
+    store = OneTakeFails(failing)
+
+    async def scenario() -> None:
+        core = core_over(store, kinesis, opened)
+        await core.sync_shards()
+        await core.poll_leases(deadline=asyncio.get_running_loop().time() + 5)
+        others = sorted(s for s in kinesis.shards if s != failing)
+        assert sorted(core.held()) == others, "the leases taken in that poll are tracked"
+        assert sorted(opened) == others, "and opened"
+        assert store.get(STREAM, failing) is None or store.get(STREAM, failing).owner is None
+        await core.poll_leases(deadline=asyncio.get_running_loop().time() + 5)
+        assert sorted(core.held()) == sorted(kinesis.shards), "the failed one is taken at the next poll"
+        await core.close()
+
+    asyncio.run(scenario())
+
+
+class HandoffsFail(InProcessLeaseStore):
+    """Every forced takeover raises (a throttled conditional write); takes fail while ``takes_fail``."""
+
+    takes_fail = True
+
+    def take(self, stream: str, shard_id: str, **kw: Any) -> Any:
+        if self.takes_fail and kw.get("owner") == "me":
+            raise LeaseStoreError("the lease table throttled this write")
+        return super().take(stream, shard_id, **kw)
+
+    def force_handoff(self, *args: Any, **kw: Any) -> Any:
+        raise LeaseStoreError("the lease table throttled this write")
+
+
+def test_a_failed_forced_takeover_costs_no_lease_taken_in_the_same_poll() -> None:
+    kinesis, opened, clock = FakeKinesis(4), {}, FakeClock(follow_real=True)
+    store = HandoffsFail()
+    shards = sorted(kinesis.shards)
+    store.heartbeat(STREAM, "other", duration_s=600.0)
+    for sid in shards[:2]:
+        store.take(STREAM, sid, owner="other", duration_s=600.0)
+    store.request_handoff(STREAM, shards[0], owner="me", expect_counter=store.get(STREAM, shards[0]).counter)
+
+    async def scenario() -> None:
+        core = core_over(store, kinesis, opened, clock=clock)
+        await core.sync_shards()
+        await core.poll_leases(deadline=clock() + 5)  # notes the request; every take fails
+        assert core.held() == []
+        store.takes_fail = False
+        clock.advance(60.0)  # past the handoff timeout: this poll forces the request, which fails
+        await core.poll_leases(deadline=clock() + 5)
+        assert sorted(core.held()) == shards[2:], "the free leases are taken, tracked and opened"
+        assert sorted(opened) == shards[2:]
+        await core.close()
+
+    asyncio.run(scenario())
