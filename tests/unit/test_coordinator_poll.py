@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from kinesis_actors.aws import AwsSettings
 from kinesis_actors.config import KinesisStream
@@ -58,6 +64,13 @@ class OneTakeFails(InProcessLeaseStore):
             self.failing = ""
             raise LeaseStoreError("the lease table throttled this write")
         return super().take(stream, shard_id, **kw)
+
+
+async def until(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
 
 
 def core_over(store: InProcessLeaseStore, kinesis: FakeKinesis, opened: dict[str, Any],
@@ -123,3 +136,108 @@ def test_a_failed_forced_takeover_costs_no_lease_taken_in_the_same_poll() -> Non
         await core.close()
 
     asyncio.run(scenario())
+
+
+class RecordingReader(OpenReader):
+    """An OpenReader that records the handoff requests passed on to it."""
+
+    def __init__(self, opened: dict[str, Any], asked: list[tuple[str, str]]) -> None:
+        super().__init__(opened)
+        self.asked = asked
+
+    async def request_handoff(self, shard_id: str, asker: str) -> bool:
+        self.asked.append((shard_id, asker))
+        return True
+
+
+def test_the_owner_passes_a_handoff_request_on_to_the_reader_at_its_next_poll() -> None:
+    kinesis, opened, asked = FakeKinesis(2), {}, []
+    store = InProcessLeaseStore()
+    shards = sorted(kinesis.shards)
+
+    async def scenario() -> None:
+        core = CoordinatorCore(KinesisStream(STREAM, start_at=StartAt.trim_horizon()), aws=AwsSettings(),
+                               store=store, owner_id="me", lease_duration_s=5.0, renew_interval_s=1.0,
+                               launcher=lambda _: RecordingReader(opened, asked), kinesis=kinesis)
+        await core.sync_shards()
+        await core.poll_leases(deadline=asyncio.get_running_loop().time() + 5)
+        assert sorted(opened) == shards
+        row = store.get(STREAM, shards[0])
+        assert store.request_handoff(STREAM, shards[0], owner="thief", expect_counter=row.counter)
+        await core.poll_leases()
+        await core.poll_leases()  # told once per request, not at every poll
+        await until(lambda: core.counters["handoffs_passed_on"] == 1, 5, "the request passed on")
+        assert asked == [(shards[0], "thief")]
+        await core.close()
+
+    asyncio.run(scenario())
+
+
+class HangingStore(InProcessLeaseStore):
+    """Once ``hang`` is set, every call blocks until ``heal`` is set (a partitioned lease table)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hang, self.heal = threading.Event(), threading.Event()
+
+    def _gate(self) -> None:
+        if self.hang.is_set():
+            self.heal.wait(120)
+
+    def take(self, *a: Any, **kw: Any) -> Any:
+        self._gate()
+        return super().take(*a, **kw)
+
+    def release(self, *a: Any, **kw: Any) -> Any:
+        self._gate()
+        return super().release(*a, **kw)
+
+    def remove_presence(self, *a: Any, **kw: Any) -> Any:
+        self._gate()
+        return super().remove_presence(*a, **kw)
+
+    def withdraw_handoff(self, *a: Any, **kw: Any) -> Any:
+        self._gate()
+        return super().withdraw_handoff(*a, **kw)
+
+    def heartbeat(self, *a: Any, **kw: Any) -> Any:
+        self._gate()
+        return super().heartbeat(*a, **kw)
+
+
+class StuckStopReader(OpenReader):
+    """An OpenReader whose stop waits for the (hanging) lease table: it never returns."""
+
+    async def stop(self, shard_id: str | None, release: bool = True, grace_s: float = 5.0) -> None:
+        await asyncio.Event().wait()
+
+
+def test_close_keeps_its_deadline_while_the_lease_table_hangs_and_says_what_it_left(
+        caplog: pytest.LogCaptureFixture) -> None:
+    kinesis, opened = FakeKinesis(4), {}
+    store = HangingStore()
+    shards = sorted(kinesis.shards)
+    store.heartbeat(STREAM, "other", duration_s=600.0)
+    for sid in shards[:3]:
+        store.take(STREAM, sid, owner="other", duration_s=600.0)
+
+    async def scenario() -> None:
+        core = CoordinatorCore(KinesisStream(STREAM, start_at=StartAt.trim_horizon(), max_leases_to_steal=1),
+                               aws=AwsSettings(), store=store, owner_id="me", lease_duration_s=5.0,
+                               renew_interval_s=1.0, launcher=lambda _: StuckStopReader(opened), kinesis=kinesis)
+        await core.start(10)
+        await core.poll_leases()  # below the target with nothing free: asks "other" for one
+        assert core.held() == shards[3:] and core.counters["handoffs_requested"] == 1
+        store.hang.set()
+        try:
+            await asyncio.wait_for(core.close(timeout_s=0.5), 30)  # returns: it does not wait for the table
+        finally:
+            store.heal.set()
+        assert core.held() == []
+
+    with caplog.at_level(logging.WARNING, logger="kinesis_actors.coordinator"):
+        asyncio.run(scenario())
+    left = [r.getMessage() for r in caplog.records if "left to expire" in r.getMessage()]
+    assert any("presence row" in m for m in left), left
+    assert any("withdrawing handoff requests" in m for m in left), left
+    assert any("reader" in m for m in left), left
