@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .placements import HeldState
@@ -29,10 +29,11 @@ log = logging.getLogger("kinesis_actors.coordinator")
 _STOP_MARGIN_S = 0.5  # of the deadline kept for a reader's answer after its grace
 
 
-async def close_parts(core: CoordinatorCore, *, release: bool, grace_s: float, deadline: float) -> None:
+async def close_parts(core: CoordinatorCore, *, release: bool, grace_s: float, deadline: float,
+                      clock: Callable[[], float], started: bool) -> None:
     """Stop every reader and (with ``release``) give back what this instance holds, within
-    ``deadline`` (the core's injected clock). Never raises: each part logs what it left."""
-    clock = core._clock
+    ``deadline`` (on ``clock``, the core's injected clock); the presence row is removed
+    only when the core ``started``. Never raises: each part logs what it left."""
     readers = [r for r in core.pool.readers.values() if r.handle is not None]
     remaining = max(0.0, deadline - clock())
     grace = min(grace_s, max(0.0, remaining - _STOP_MARGIN_S))
@@ -43,7 +44,7 @@ async def close_parts(core: CoordinatorCore, *, release: bool, grace_s: float, d
         jobs.update({f"releasing lease {sid} (no reader)": _release(core, sid) for sid in waiting})
         if core.handoffs.requests:
             jobs[f"withdrawing handoff requests {sorted(core.handoffs.requests)}"] = core.handoffs.withdraw_all()
-        if core.presence.state.value != "absent" or core._task is not None:
+        if started:
             jobs["removing the presence row"] = core.presence.remove()
     tasks = {name: asyncio.ensure_future(job) for name, job in jobs.items()}
     if tasks:
@@ -81,4 +82,4 @@ async def _release(core: CoordinatorCore, shard_id: str) -> None:
     instance does not wait a lease duration for it."""
     lease = await core.leases.take(shard_id)
     if lease is not None:
-        await core._io(core.store.release, lease)
+        await core.leases.release(lease)

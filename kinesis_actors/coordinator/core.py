@@ -48,7 +48,7 @@ _STRAGGLER_WAIT_S = 5.0  # first pass: how long to wait for a slow reader once t
 _STORE_THREADS = 16  # threads for the Coordinator's lease-store calls (takes of a poll run in parallel)
 _COUNTERS = ("leases_taken", "leases_lost", "readers_replaced", "shards_rehomed", "shards_ended",
              "reader_start_failures", "handoffs_requested", "handoffs_received", "handoffs_forced",
-             "leases_handed_over", "step_failures")
+             "leases_handed_over", "step_failures", "store_errors")
 
 
 def reader_spec(cfg: KinesisStream, shard: ShardInfo, *, owner_id: str, lease_duration_s: float,
@@ -291,7 +291,8 @@ class CoordinatorCore:
         opening = self._tasks.running("open-") + self._tasks.running("place")
         if opening:  # opens under way: let them land (bounded), so they are stopped too
             await asyncio.wait(opening, timeout=max(0.0, min(grace_s, deadline - self._clock())))
-        await close_parts(self, release=release, grace_s=grace_s, deadline=deadline)
+        await close_parts(self, release=release, grace_s=grace_s, deadline=deadline, clock=self._clock,
+                          started=self._task is not None)
         self.placements.held.clear()
         self._threads.shutdown(wait=False)
         self._closed.set()

@@ -59,7 +59,7 @@ class Handoffs:
         lease_duration_s: the duration of a forced lease, seconds.
         timeout_s: how long a request may stay unanswered before it is forced, seconds.
         tasks / counters: kept tasks; ``handoffs_requested``, ``handoffs_received``,
-            ``handoffs_forced``, ``handoffs_passed_on`` are counted here.
+            ``handoffs_forced``, ``handoffs_passed_on`` and lease-store errors (``store_errors``) are counted here.
         call_timeout_s: timeout of a reader's ``request_handoff``, seconds.
     """
 
@@ -71,7 +71,7 @@ class Handoffs:
         self._tasks, self.counters, self._call_timeout_s = tasks, counters, call_timeout_s
         self.requests: dict[str, Request] = {}
         self._passed_on: dict[str, tuple[str, int]] = {}  # shard id -> (asker, row counter) told to the reader
-        for key in ("handoffs_requested", "handoffs_received", "handoffs_forced", "handoffs_passed_on"):
+        for key in ("handoffs_requested", "handoffs_received", "handoffs_forced", "handoffs_passed_on", "store_errors"):
             counters.setdefault(key, 0)
 
     # ------------------------------------------------------------------ as the thief
@@ -106,6 +106,7 @@ class Handoffs:
                                                  owner=self._owner, duration_s=self._duration_s)
         except Exception as e:  # a lease-store error (throttled, unreachable): forced again next poll
             request.state = RequestState.ASKED
+            self.counters["store_errors"] += 1
             log.warning("shard %s: forced takeover failed (%r); retried at the next poll", shard_id, e)
             return None
         self.requests.pop(shard_id, None)
@@ -125,6 +126,7 @@ class Handoffs:
                                         return_exceptions=True)
         for (shard_id, victim), asked in zip(steal, outcomes):
             if isinstance(asked, Exception):
+                self.counters["store_errors"] += 1
                 log.warning("shard %s: handoff request failed (%r)", shard_id, asked)
             elif isinstance(asked, BaseException):
                 raise asked
@@ -157,6 +159,7 @@ class Handoffs:
                         await self._io(store.release, lease)
                     return
         except Exception as e:  # a lease-store error: the request stays until it is taken or the row moves
+            self.counters["store_errors"] += 1
             log.info("shard %s: could not withdraw the handoff request (%r)", shard_id, e)
 
     # ------------------------------------------------------------------ as the owner

@@ -172,8 +172,9 @@ class Placements:
         return event
 
     def update(self) -> None:
-        """Place the WAITING leases on readers with room, in the background."""
-        if not self.closing and self.in_state(HeldState.WAITING) and not self._tasks.running("place"):
+        """Place the WAITING leases on readers with room, in the background (rounds may
+        overlap: each moves the leases it places out of WAITING before any await)."""
+        if not self.closing and self.in_state(HeldState.WAITING):
             self._tasks.spawn(self.place_waiting(), "place")
 
     async def place_waiting(self) -> None:
@@ -207,7 +208,8 @@ class Placements:
                 held.lease = lease
                 held.move(HeldState.OPENING)
                 await self.open(held)
-        except Exception as e:  # a lease-store error (throttled, unreachable): logged, placed again
+        except Exception as e:  # a lease-store error (throttled, unreachable): logged, counted, placed again
+            self.counters["store_errors"] = self.counters.get("store_errors", 0) + 1
             log.warning("shard %s: re-homing failed (%r); placed again", shard_id, e)
             if self.held.get(shard_id) is held and held.state is HeldState.PLACING:
                 held.move(HeldState.WAITING)

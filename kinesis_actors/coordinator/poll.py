@@ -219,14 +219,16 @@ class LeasePoll:
                 continue
             elif got.finished:
                 self.finished.add(shard_id)
-                await self._release(got)
+                await self.release(got)
             else:
                 self.counters["leases_taken"] += 1
                 taken.append(Taken(self.shards[shard_id], got, sent))
         return taken
 
-    async def _release(self, lease: Lease) -> None:
+    async def release(self, lease: Lease) -> None:
+        """Release ``lease``; a lease-store error is logged and counted (the row then expires)."""
         try:
             await self._io(self._store.release, lease)
         except Exception as e:  # a lease-store error: the finished row expires on its own
-            log.info("shard %s: could not release the finished row (%r)", lease.shard_id, e)
+            self.counters["store_errors"] = self.counters.get("store_errors", 0) + 1
+            log.info("shard %s: could not release the row (%r); it expires", lease.shard_id, e)

@@ -225,7 +225,8 @@ class ReaderPool:
                 except asyncio.TimeoutError:
                     if not self.ready():
                         raise
-                    log.info("a reader is still starting after %.0f s; waiting for it", self._start_timeout_s)
+                    log.info("a reader is still starting after %.0f s; waiting for it (another answered)",
+                             self._start_timeout_s)
         finally:
             if not ping.done():
                 ping.cancel()
