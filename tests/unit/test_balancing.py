@@ -163,5 +163,5 @@ def test_a_row_handed_over_to_us_does_not_hold_back_the_next_steal() -> None:
     shards = [ShardState("s0", "me")] + [ShardState(f"s{i}", "v") for i in range(1, 8)]
     plan = plan_leases("me", shards, live_instances=["me", "v"], max_leases_to_steal=1)
     assert plan.take == ("s0",) and len(plan.steal) == 1 and plan.steal[0][1] == "v"
-    free = [ShardState("s0")] + shards[1:]
+    free = [ShardState("s0"), *shards[1:]]
     assert plan_leases("me", free, live_instances=["me", "v"]).steal == (), "a free lease still comes first"
