@@ -4,10 +4,13 @@ Two ``CoordinatorCore`` instances over one in-process lease table, their readers
 ``ShardReaderCore`` in this event loop (``testing.LocalReader``) over a fake Kinesis of
 ``--shards`` shards, while a publisher puts one record into every shard every 0.1 s.
 Default timings (lease 10 s, renew 3 s, lease poll 2 s) unless given. Worker A starts
-alone and takes every shard; B starts; measured from B's ``start()`` call:
+alone and takes every shard; ``--joiners`` instances (1: worker B) start at once; measured
+from their ``start()`` calls:
 
-* ``even_s``: until each holds half, disjoint, and the table's owners agree;
-* ``goal_s``: ceil(moves / max_leases_to_steal) lease-poll intervals + 1 renew interval;
+* ``even_s``: until each holds its share (counts differ by at most one), disjoint, and the
+  table's owners agree;
+* ``goal_s``: ceil(moves / (max_leases_to_steal x joiners)) lease-poll intervals + 1 renew
+  interval, moves being the leases A gives away;
 * ``duplicates``: (shard, sequence number) pairs delivered more than once, any worker;
 * ``moves_after_even``: lease owner changes in the table during ``--watch`` seconds after
   the even split (ping-pong: should be 0).
@@ -61,7 +64,8 @@ async def _until(cond: Any, timeout_s: float) -> bool:
 
 
 async def one_run(args: argparse.Namespace, steal: int) -> dict[str, Any]:
-    """One A-then-B run with ``max_leases_to_steal=steal``; returns the figures."""
+    """One run with ``max_leases_to_steal=steal``: A alone, then ``args.joiners`` instances
+    start at once; returns the figures."""
     kinesis, rows, seen = FakeKinesis(args.shards), InProcessLeaseStore(), []
     stop = asyncio.Event()
 
@@ -73,16 +77,19 @@ async def one_run(args: argparse.Namespace, steal: int) -> dict[str, Any]:
     pub = asyncio.create_task(publish())
     a = _instance("a", rows, kinesis, seen, args, steal)
     await a.start()
-    b = _instance("b", rows, kinesis, seen, args, steal)
-    half = args.shards // 2
+    joiners = [_instance(f"j{i}", rows, kinesis, seen, args, steal) for i in range(args.joiners)]
+    workers = [a, *joiners]
+    share = args.shards // len(workers)
 
     def even() -> bool:
         owners = [lease.owner for lease in rows.list(STREAM)]
-        return (len(a.held()) == len(b.held()) == half and not set(a.held()) & set(b.held())
-                and owners.count("a") == owners.count("b") == half)
+        held = [set(w.held()) for w in workers]
+        return (all(len(h) in (share, share + 1) for h in held) and sum(map(len, held)) == args.shards
+                and len(set().union(*held)) == args.shards
+                and all(owners.count(w.owner_id) == len(h) for w, h in zip(workers, held)))
 
     t0 = time.monotonic()
-    await b.start()
+    await asyncio.gather(*(j.start() for j in joiners))
     ok = await _until(even, 120)
     even_s = time.monotonic() - t0 if ok else None
     before = {lease.shard_id: lease.owner for lease in rows.list(STREAM)}
@@ -95,12 +102,14 @@ async def one_run(args: argparse.Namespace, steal: int) -> dict[str, Any]:
         await asyncio.sleep(0.1)
     stop.set()
     await pub
-    await b.close()
-    await a.close()
-    goal = math.ceil(half / steal) * args.poll + args.renew
-    return {"max_leases_to_steal": steal, "even_s": None if even_s is None else round(even_s, 2), "goal_s": goal,
-            "duplicates": len(seen) - len(set(seen)), "moves_after_even": moves,
-            "handoffs_requested": b.counters["handoffs_requested"], "handoffs_forced": b.counters["handoffs_forced"],
+    for w in reversed(workers):
+        await w.close()
+    planned = args.shards - math.ceil(args.shards / len(workers))  # leases A gives away
+    goal = math.ceil(planned / (steal * args.joiners)) * args.poll + args.renew
+    return {"max_leases_to_steal": steal, "instances": len(workers), "even_s": None if even_s is None else round(even_s, 2),
+            "goal_s": goal, "duplicates": len(seen) - len(set(seen)), "moves_after_even": moves,
+            "handoffs_requested": sum(j.counters["handoffs_requested"] for j in joiners),
+            "handoffs_forced": sum(j.counters["handoffs_forced"] for j in joiners),
             "handoffs_passed_on": a.counters.get("handoffs_passed_on", 0)}
 
 
@@ -113,6 +122,7 @@ def main() -> None:
     ap.add_argument("--poll", type=float, default=2.0)
     ap.add_argument("--watch", type=float, default=30.0, help="seconds watched for moves after the even split")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--joiners", type=int, default=1, help="instances that start at once after A holds every shard")
     args = ap.parse_args()
     for steal in [int(s) for s in args.steal.split(",")]:
         for _ in range(args.runs):
