@@ -99,6 +99,12 @@ class CoordinatorCore:
             forced, seconds (default 2 x ``lease_duration_s``).
         reader_start_timeout_s: how long a new reader may take to answer, seconds.
         clock: monotonic clock, seconds; sleep: the matching sleep (every timer uses them).
+
+    Attributes:
+        leases / pool / placements / handoffs / presence: the parts (:class:`LeasePoll`,
+            :class:`ReaderPool`, :class:`Placements`, :class:`Handoffs`, :class:`Presence`).
+        counters: this instance's counters (leases taken, lost, handed over, handoffs,
+            reader starts failed, ``step_failures``, ``store_errors``, ...).
     """
 
     def __init__(self, stream: KinesisStream, *, aws: AwsSettings, store: LeaseStore, owner_id: str,
