@@ -241,3 +241,50 @@ def test_close_keeps_its_deadline_while_the_lease_table_hangs_and_says_what_it_l
     assert any("presence row" in m for m in left), left
     assert any("withdrawing handoff requests" in m for m in left), left
     assert any("reader" in m for m in left), left
+
+
+def test_add_gets_the_age_of_the_lease_since_its_take_was_sent() -> None:
+    kinesis, opened, clock = FakeKinesis(2), {}, FakeClock()
+
+    class SlowTake(InProcessLeaseStore):
+        def take(self, stream: str, shard_id: str, **kw: Any) -> Any:
+            lease = super().take(stream, shard_id, **kw)
+            clock.advance(7.0)  # the conditional write took 7 s to answer
+            return lease
+
+    async def scenario() -> None:
+        core = core_over(SlowTake(), kinesis, opened, clock=clock)
+        await core.sync_shards()
+        await core.poll_leases(deadline=clock() + 1000)
+        assert sorted(opened) == sorted(kinesis.shards)
+        assert all(age is not None and age >= 7.0 for _, age in opened.values()), opened
+        await core.close()
+
+    asyncio.run(scenario())
+
+
+class HandoffRequestsFail(InProcessLeaseStore):
+    """Every handoff request raises (a throttled conditional write)."""
+
+    def request_handoff(self, *args: Any, **kw: Any) -> Any:
+        raise LeaseStoreError("the lease table throttled this write")
+
+
+def test_a_failed_handoff_request_costs_no_lease_taken_in_the_same_poll() -> None:
+    kinesis, opened = FakeKinesis(6), {}
+    store = HandoffRequestsFail()
+    shards = sorted(kinesis.shards)
+    store.heartbeat(STREAM, "other", duration_s=600.0)
+    for sid in shards[1:]:
+        store.take(STREAM, sid, owner="other", duration_s=600.0)
+    store.take(STREAM, shards[0], owner="me", duration_s=600.0)  # ours from before a restart
+
+    async def scenario() -> None:
+        core = core_over(store, kinesis, opened)
+        await core.sync_shards()
+        await core.poll_leases(deadline=asyncio.get_running_loop().time() + 5)  # takes our row, asks for more
+        assert core.held() == shards[:1] and sorted(opened) == shards[:1], "our row is taken, tracked and opened"
+        assert core.counters["store_errors"] >= 1 and core.counters["handoffs_requested"] == 0
+        await core.close()
+
+    asyncio.run(scenario())
