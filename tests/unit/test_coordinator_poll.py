@@ -174,35 +174,26 @@ def test_the_owner_passes_a_handoff_request_on_to_the_reader_at_its_next_poll() 
 
 
 class HangingStore(InProcessLeaseStore):
-    """Once ``hang`` is set, every call blocks until ``heal`` is set (a partitioned lease table)."""
+    """Once ``hang`` is set, every write blocks until ``heal`` is set (a partitioned lease table)."""
+
+    GATED = frozenset({"take", "release", "remove_presence", "withdraw_handoff", "heartbeat"})
 
     def __init__(self) -> None:
         super().__init__()
         self.hang, self.heal = threading.Event(), threading.Event()
 
-    def _gate(self) -> None:
-        if self.hang.is_set():
-            self.heal.wait(120)
+    def __getattribute__(self, name: str) -> Any:
+        attr = super().__getattribute__(name)
+        if name not in HangingStore.GATED:
+            return attr
+        hang, heal = super().__getattribute__("hang"), super().__getattribute__("heal")
 
-    def take(self, *a: Any, **kw: Any) -> Any:
-        self._gate()
-        return super().take(*a, **kw)
+        def gated(*args: Any, **kw: Any) -> Any:
+            if hang.is_set():
+                heal.wait(120)
+            return attr(*args, **kw)
 
-    def release(self, *a: Any, **kw: Any) -> Any:
-        self._gate()
-        return super().release(*a, **kw)
-
-    def remove_presence(self, *a: Any, **kw: Any) -> Any:
-        self._gate()
-        return super().remove_presence(*a, **kw)
-
-    def withdraw_handoff(self, *a: Any, **kw: Any) -> Any:
-        self._gate()
-        return super().withdraw_handoff(*a, **kw)
-
-    def heartbeat(self, *a: Any, **kw: Any) -> Any:
-        self._gate()
-        return super().heartbeat(*a, **kw)
+        return gated
 
 
 class StuckStopReader(OpenReader):
