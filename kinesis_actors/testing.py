@@ -29,6 +29,7 @@ import base64
 import binascii
 import dataclasses
 import datetime as _dt
+import inspect
 import json
 import os
 import random
@@ -859,6 +860,8 @@ class LocalReader:
         self.start_delay_s = start_delay_s
         self.dead = False
         self.calls: dict[str, int] = {}
+        self.lease_ages: dict[str, float | None] = {}  # shard id -> lease_age_s of its last add
+        self.handoff_requests: list[tuple[str, str]] = []  # (shard id, asker) passed on by the Coordinator
 
     def _check(self, method: str) -> None:
         from .coordinator import ReaderGone
@@ -886,8 +889,23 @@ class LocalReader:
             await asyncio.sleep(self.start_delay_s)
             self.start_delay_s = 0.0
 
-    async def add(self, spec: Any, lease: Any) -> Any:
+    async def add(self, spec: Any, lease: Any, *, lease_age_s: float | None = None) -> Any:
+        """The core's ``add``; ``lease_age_s`` is recorded in ``lease_ages`` and passed on
+        when the core's ``add`` takes it."""
+        self.lease_ages[spec.shard_id] = lease_age_s
+        if lease_age_s is not None and "lease_age_s" in inspect.signature(self.core.add).parameters:
+            return await self._guard("add", self.core.add(spec, lease, lease_age_s=lease_age_s))
         return await self._guard("add", self.core.add(spec, lease))
+
+    async def request_handoff(self, shard_id: str, asker: str) -> bool:
+        """The core's ``request_handoff`` (False when the core has none: its renewal sees the request)."""
+        self.handoff_requests.append((shard_id, asker))
+        method = getattr(self.core, "request_handoff", None)
+        if method is None:
+            self._check("request_handoff")
+            return False
+        accepted: bool = await self._guard("request_handoff", method(shard_id, asker))
+        return accepted
 
     async def events(self, timeout_s: float) -> Any:
         return await self._guard("events", self.core.events(timeout_s))

@@ -154,7 +154,7 @@ class FakeReader:
 
     async def ping(self) -> None: ...
 
-    async def add(self, spec: ReaderSpec, lease: Any) -> ShardEvent:
+    async def add(self, spec: ReaderSpec, lease: Any, *, lease_age_s: float | None = None) -> ShardEvent:
         self.launched[spec.shard_id] = (self, spec, lease)
         return ShardEvent(spec.shard_id, ConsumerState.PROCESSING.value)
 
@@ -178,6 +178,9 @@ class FakeReader:
 
     async def stats(self) -> dict[str, Any]:
         return {"shards": {}, "reader": {}}
+
+    async def request_handoff(self, shard_id: str, asker: str) -> bool:
+        return False
 
     def kill(self) -> None: ...
 

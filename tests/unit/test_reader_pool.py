@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kinesis_actors.config import KinesisStream
-from kinesis_actors.coordinator import CoordinatorCore, _Reader, pick_reader, pool_size
+from kinesis_actors.coordinator import CoordinatorCore, pick_reader, pool_size
 from kinesis_actors.errors import StartError
 from kinesis_actors.reader import TRANSITIONS, ByteBudget, ConsumerState, ReaderIo, ReaderSpec, ShardReaderCore
 from kinesis_actors.records import Record, StartAt
@@ -99,18 +99,18 @@ def test_the_pool_has_room_for_every_lease_and_one_reader_to_spare(leases: int, 
 
 
 def test_leases_are_packed_evenly_never_past_the_cap_and_only_on_ready_readers() -> None:
-    readers = [_Reader(i, ready=i != 3) for i in range(1, 6)]
+    loads = {rid: 0 for rid in (1, 2, 4, 5)}  # the READY readers; reader 3 is still starting
     placed = collections.Counter[int]()
-    for n in range(13):
-        reader = pick_reader(readers, 4)
-        assert reader is not None and reader.id != 3, "a reader still starting takes nothing"
-        reader.shards.add(f"shard-{n}")
-        placed[reader.id] += 1
+    for _ in range(13):
+        rid = pick_reader(loads, 4)
+        assert rid is not None and rid != 3, "a reader still starting takes nothing"
+        loads[rid] += 1
+        placed[rid] += 1
     assert sorted(placed.values()) == [3, 3, 3, 4], "even: no reader two ahead of another"
-    while (reader := pick_reader(readers, 4)) is not None:
-        reader.shards.add(f"more-{len(reader.shards)}")
-    assert [len(r.shards) for r in readers] == [4, 4, 0, 4, 4], "filled to the cap, never past it"
-    assert pick_reader([_Reader(1, ready=True, shards={"a", "b"})], 2) is None, "full: nobody has room"
+    while (rid := pick_reader(loads, 4)) is not None:
+        loads[rid] += 1
+    assert loads == {1: 4, 2: 4, 4: 4, 5: 4}, "filled to the cap, never past it"
+    assert pick_reader({1: 2}, 2) is None, "full: nobody has room"
 
 
 def test_consumer_states_allow_only_the_drawn_transitions() -> None:
