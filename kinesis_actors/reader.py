@@ -103,8 +103,11 @@ FANOUT_BUDGET_DROP_S = 1.0
 before it drops the subscription, seconds (it resubscribes once the budget admits it)."""
 
 
-class ConsumerState(enum.Enum):
+class ConsumerState(str, enum.Enum):
     """The life of one shard lease in a reader (compare KCL's ``ConsumerStates``).
+
+    A ``str`` enum: a member equals its value (``ConsumerState.LOST == "lost"``), so
+    callers that compare with the values keep working.
 
     Transitions (:data:`TRANSITIONS` is the one place that allows them)::
 
@@ -203,8 +206,22 @@ class ReaderSpec:
 Deliver = Callable[[list[Record]], Awaitable[Any]]
 
 
+STUCK_CALL_S = 1.0
+"""A Kinesis call in flight longer than this, seconds, no longer counts against :class:`CallLimit`."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Call:
+    """One Kinesis call admitted by :class:`CallLimit`: when, for which shard, and whether it counts."""
+
+    started: float
+    key: str | None
+    counted: bool
+
+
 class CallLimit:
-    """How many Kinesis calls of one process may be in flight: AIMD on lease-renewal latency.
+    """How many Kinesis calls of one process may be in flight: AIMD on lease-renewal latency,
+    where a stuck call holds its own shard's slot only.
 
     Renewals keep leases; polls only move data. When the service (or an emulator that
     serves Kinesis and DynamoDB on the same cores) cannot keep up with both, the renewals
@@ -214,37 +231,77 @@ class CallLimit:
     increase, about +1 per window of calls), up to ``maximum``. Against AWS, renewals take
     milliseconds and the limit stays at its maximum.
 
+    A call that stays in flight longer than ``stuck_after_s`` (a ``GetRecords`` hung until
+    its socket timeout) stops counting, and its shard's (``key``'s) next calls run outside
+    the limit until one of them returns within ``stuck_after_s``: a hung call puts no
+    load on the service, and each shard has one call in flight at most, so a stuck shard
+    never holds up another, however low the limit.
+
     Args:
         maximum: the most calls in flight (the pool's threads). minimum: the fewest.
-        clock: monotonic seconds.
+        stuck_after_s: seconds after which a call in flight no longer counts.
+        clock: monotonic seconds. sleep: ``async sleep(seconds)`` on that clock.
     """
 
-    def __init__(self, maximum: int, *, minimum: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, maximum: int, *, minimum: int = 1, stuck_after_s: float = STUCK_CALL_S,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
         self.maximum = maximum
         self.minimum = minimum
+        self.stuck_after_s = stuck_after_s
         self.limit = float(maximum)
-        self.in_flight = 0
         self.cuts = 0
         self._clock = clock
+        self._sleep = sleep
         self._last_cut = float("-inf")
         self._freed: asyncio.Event | None = None
+        self._calls: set[_Call] = set()
+        self._slow: set[str] = set()  # shards whose last call outlived stuck_after_s: outside the limit
+
+    @property
+    def in_flight(self) -> int:
+        """Calls in flight that count against the limit (admitted, younger than ``stuck_after_s``)."""
+        now = self._clock()
+        return sum(1 for c in self._calls if c.counted and now - c.started < self.stuck_after_s)
 
     def _event(self) -> asyncio.Event:
         if self._freed is None:
             self._freed = asyncio.Event()
         return self._freed
 
-    async def acquire(self) -> None:
-        """Wait for a free place, then take it."""
-        while self.in_flight >= int(self.limit):
-            event = self._event()
-            event.clear()
-            await event.wait()
-        self.in_flight += 1
+    async def _wait(self) -> None:
+        """Until a call ends or the oldest counted call turns stuck."""
+        now = self._clock()
+        due = min((c.started + self.stuck_after_s - now for c in self._calls if c.counted), default=self.stuck_after_s)
+        event = self._event()
+        event.clear()
+        waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._sleep(max(0.0, due)))}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
 
-    def release(self) -> None:
-        """Give a place back."""
-        self.in_flight -= 1
+    async def acquire(self, key: str | None = None) -> _Call:
+        """Wait for a free place, then take it; returns the token :meth:`release` takes.
+        ``key``: the shard the call is for (a shard whose last call was stuck waits for no place)."""
+        if key is not None and key in self._slow:
+            call = _Call(self._clock(), key, counted=False)
+        else:
+            while self.in_flight >= int(self.limit):
+                await self._wait()
+            call = _Call(self._clock(), key, counted=True)
+        self._calls.add(call)
+        return call
+
+    def release(self, call: _Call) -> None:
+        """Give a place back: the call ended (returned or raised)."""
+        self._calls.discard(call)
+        if call.key is not None:
+            if self._clock() - call.started >= self.stuck_after_s:
+                self._slow.add(call.key)
+            else:
+                self._slow.discard(call.key)
         self._event().set()
 
     def note_renewal(self, latency_s: float, renew_interval_s: float) -> None:
@@ -287,16 +344,17 @@ class ReaderIo:
         self._store = concurrent.futures.ThreadPoolExecutor(store_threads, thread_name_prefix="ka-store")
         self._streams = concurrent.futures.ThreadPoolExecutor(stream_threads, thread_name_prefix="ka-subscription")
 
-    async def kinesis(self, fn: Callable[..., T], *args: Any, limited: bool = True) -> T:
+    async def kinesis(self, fn: Callable[..., T], *args: Any, limited: bool = True, shard: str | None = None) -> T:
         """Run ``fn(*args)`` (a Kinesis call) in the Kinesis pool, within :attr:`limit` unless
-        ``limited=False`` (opening a shard: once per lease, not a recurring poll)."""
+        ``limited=False`` (opening a shard: once per lease, not a recurring poll). ``shard``:
+        the shard the call is for (see :class:`CallLimit`: a stuck call holds that shard only)."""
         if not limited:
             return await asyncio.get_running_loop().run_in_executor(self._kinesis, fn, *args)
-        await self.limit.acquire()
+        call = await self.limit.acquire(shard)
         try:
             return await asyncio.get_running_loop().run_in_executor(self._kinesis, fn, *args)
         finally:
-            self.limit.release()
+            self.limit.release(call)
 
     async def store(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` (a lease-store call) in the store pool."""
@@ -392,7 +450,7 @@ class ByteBudget:
 class _ToThreadIo:
     """:class:`ReaderIo`'s interface over ``asyncio.to_thread`` (a consumer used on its own, in tests)."""
 
-    async def kinesis(self, fn: Callable[..., T], *args: Any, limited: bool = True) -> T:
+    async def kinesis(self, fn: Callable[..., T], *args: Any, limited: bool = True, shard: str | None = None) -> T:
         return await asyncio.to_thread(fn, *args)
 
     async def store(self, fn: Callable[..., T], *args: Any) -> T:
@@ -418,11 +476,15 @@ class ShardConsumer:
         budget: the process's :class:`ByteBudget`, or None (unbounded).
         clock: monotonic seconds (injectable for tests).
         on_open: called once, when the consumer enters ``PROCESSING`` (first iterator held).
+        lease_age_s: a lower bound on the lease's age, seconds: how long ago the write that
+            produced ``lease`` was sent (the Coordinator's take). None: at most one renew
+            interval, assumed.
     """
 
     def __init__(self, spec: ReaderSpec, lease: Lease, store: LeaseStore, deliver: Deliver, kinesis: Any, *,
                  io: ReaderIo | _ToThreadIo | None = None, budget: ByteBudget | None = None,
-                 clock: Callable[[], float] = time.monotonic, on_open: Callable[[], None] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, on_open: Callable[[], None] | None = None,
+                 lease_age_s: float | None = None) -> None:
         self.spec = spec
         self._lease = lease
         self._store = store
@@ -438,8 +500,9 @@ class ShardConsumer:
         # When the last successful store write was SENT (monotonic s): the lease is valid from
         # then, not from when the answer came back (a write applied during a pause of this
         # process must not make the lease look fresh). The lease given here was written by
-        # the Coordinator at most one renew interval ago; assume the worst.
-        self._last_write = clock() - spec.renew_interval_s
+        # the Coordinator lease_age_s ago (or, unknown, at most one renew interval ago).
+        age = spec.renew_interval_s if lease_age_s is None else max(0.0, lease_age_s)
+        self._last_write = clock() - age
         self._beat = clock()
         self._waiting = 0  # > 0 while the loop waits on a store write (bounded by its timeouts): alive
         self._call_started: list[float] | None = None  # a Kinesis call of the loop: [] while queued for a thread
@@ -735,7 +798,7 @@ class ShardConsumer:
                 if fetcher.blocking_read:
                     return await self._io.stream(call)
                 return await self._io.kinesis(call, limited=False)  # SubscribeToShard: at most 1/s per shard
-            return await self._io.kinesis(call, limited=fetcher.has_iterator)
+            return await self._io.kinesis(call, limited=fetcher.has_iterator, shard=self.spec.shard_id)
         finally:
             self._call_started = None
             self._beat = max(self._beat, self._clock())
@@ -1035,15 +1098,20 @@ class ShardEvent:
 
     Attributes:
         shard_id: the shard.
-        state: a :class:`ConsumerState` value (``"processing"`` from ``add`` when it opened).
+        state: a :class:`ConsumerState` (``PROCESSING`` from ``add`` when it opened); a
+            value string given here is turned into its member.
         error: the fatal error of a ``FAILED`` consumer, else None.
         checkpoint: the consumer's last checkpoint (a sequence number, ``SHARD_END``) or None.
     """
 
     shard_id: str
-    state: str
+    state: ConsumerState
     error: BaseException | None = None
     checkpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.state, ConsumerState):
+            object.__setattr__(self, "state", ConsumerState(self.state))
 
 
 class ShardReaderCore:
@@ -1093,8 +1161,13 @@ class ShardReaderCore:
         """The shards with a live consumer here."""
         return sorted(self._consumers)
 
-    async def add(self, spec: ReaderSpec, lease: Lease) -> ShardEvent:
+    async def add(self, spec: ReaderSpec, lease: Lease, *, lease_age_s: float | None = None) -> ShardEvent:
         """Start a consumer for ``lease`` and wait until it holds its first iterator.
+
+        ``lease_age_s``: seconds since the write that produced ``lease`` was sent (the
+        Coordinator's take; a lower bound on its age). A lease older than the renew
+        deadline is renewed before the first delivery, so a lease another instance took
+        meanwhile delivers nothing. None: at most one renew interval old.
 
         Returns:
             ``ShardEvent(state="processing")`` once the shard is open, or the consumer's
@@ -1114,18 +1187,18 @@ class ShardReaderCore:
                 opened.set_result(None)
 
         consumer = ShardConsumer(spec, lease, self._store, self._deliver, self._kinesis, io=self._io,
-                                 budget=self.budget, clock=self._clock, on_open=on_open)
+                                 budget=self.budget, clock=self._clock, on_open=on_open, lease_age_s=lease_age_s)
         self._consumers[shard_id] = consumer
         task = asyncio.create_task(self._run(consumer), name=f"shard-{shard_id}")
         self._tasks[shard_id] = task
         await asyncio.wait({task, opened}, return_when=asyncio.FIRST_COMPLETED)
         if opened.done():
-            return ShardEvent(shard_id, ConsumerState.PROCESSING.value, checkpoint=consumer.lease.checkpoint)
+            return ShardEvent(shard_id, ConsumerState.PROCESSING, checkpoint=consumer.lease.checkpoint)
         return self._event_of(consumer)
 
     @staticmethod
     def _event_of(consumer: ShardConsumer) -> ShardEvent:
-        return ShardEvent(consumer.spec.shard_id, consumer.state.value, consumer.error, consumer.lease.checkpoint)
+        return ShardEvent(consumer.spec.shard_id, consumer.state, consumer.error, consumer.lease.checkpoint)
 
     async def _run(self, consumer: ShardConsumer) -> None:
         shard_id = consumer.spec.shard_id
@@ -1250,8 +1323,8 @@ def _make_ray_actor() -> Any:
             # Where this reader runs, for operators and chaos tests (``Subscription.stats()``).
             self.core.info.update(node_id=ray.get_runtime_context().get_node_id(), pid=os.getpid())
 
-        async def add(self, spec: ReaderSpec, lease: Lease) -> ShardEvent:
-            return await self.core.add(spec, lease)
+        async def add(self, spec: ReaderSpec, lease: Lease, lease_age_s: float | None = None) -> ShardEvent:
+            return await self.core.add(spec, lease, lease_age_s=lease_age_s)
 
         async def events(self, timeout_s: float) -> list[ShardEvent]:
             return await self.core.events(timeout_s)

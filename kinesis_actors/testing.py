@@ -16,7 +16,7 @@
   uses): AWS event-stream frames (:func:`encode_event_frame`) with scripted refusals,
   dropped connections (also in the middle of a frame), exception events, the end of a
   subscription and ``ChildShards`` at a closed shard's end.
-- :class:`FakeClock`: a monotonic clock a test moves by hand.
+- :class:`FakeClock`: a monotonic clock a test moves by hand, with an ``async sleep`` on it.
 - :class:`LocalReader`: the Coordinator's ``ReaderHandle`` over a
   :class:`~kinesis_actors.reader.ShardReaderCore` in the test's own event loop, with a
   ``kill()`` that behaves like a SIGKILL of the reader process.
@@ -822,24 +822,66 @@ class FakeKinesis:
 
 
 class FakeClock:
-    """A monotonic clock for tests: ``clock()`` returns the time, ``advance(s)`` moves it.
+    """A monotonic clock for tests: ``clock()`` returns the time, ``advance(s)`` moves it, and
+    ``await clock.sleep(s)`` waits until it has moved ``s`` seconds (inject it where the code
+    under test sleeps, so a test drives time without waiting on the wall clock).
 
     Args:
         start: the first reading, seconds. follow_real: add the real monotonic time that
-            passed since creation (so asyncio sleeps still move it), default False.
+            passed since creation (so asyncio sleeps still move it), default False; then
+            :meth:`sleep` sleeps in real time.
     """
 
     def __init__(self, start: float = 1000.0, *, follow_real: bool = False) -> None:
         self._offset = start
         self._follow = follow_real
         self._t0 = time.monotonic()
+        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
 
     def __call__(self) -> float:
         return self._offset + (time.monotonic() - self._t0 if self._follow else 0.0)
 
     def advance(self, seconds: float) -> None:
-        """Move the clock forward by ``seconds``."""
+        """Move the clock forward by ``seconds``; wakes the sleepers that are due."""
         self._offset += seconds
+        now, waiting = self(), []
+        for due, future in self._sleepers:
+            if future.done():
+                continue
+            if due <= now:
+                future.set_result(None)
+            else:
+                waiting.append((due, future))
+        self._sleepers = waiting
+
+    async def sleep(self, seconds: float) -> None:
+        """Return once the clock has moved ``seconds`` forward (at once for ``seconds <= 0``,
+        after yielding to the event loop)."""
+        if self._follow:
+            await asyncio.sleep(seconds)
+            return
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self() + seconds, future))
+        await future
+
+    def next_due_in(self) -> float | None:
+        """Seconds until the earliest pending :meth:`sleep` is due, or None if none waits."""
+        pending = [due for due, future in self._sleepers if not future.done()]
+        return max(0.0, min(pending) - self()) if pending else None
+
+    async def run_for(self, seconds: float, *, step_s: float = 0.01) -> None:
+        """Move the clock ``seconds`` forward in steps of at most ``step_s``, letting the event
+        loop run every ready task between steps (no wall-clock sleep)."""
+        end = self() + seconds
+        while (left := end - self()) > 1e-12:
+            for _ in range(20):
+                await asyncio.sleep(0)
+            self.advance(min(step_s, left))
+        for _ in range(20):
+            await asyncio.sleep(0)
 
 
 class LocalReader:
@@ -886,8 +928,8 @@ class LocalReader:
             await asyncio.sleep(self.start_delay_s)
             self.start_delay_s = 0.0
 
-    async def add(self, spec: Any, lease: Any) -> Any:
-        return await self._guard("add", self.core.add(spec, lease))
+    async def add(self, spec: Any, lease: Any, lease_age_s: float | None = None) -> Any:
+        return await self._guard("add", self.core.add(spec, lease, lease_age_s=lease_age_s))
 
     async def events(self, timeout_s: float) -> Any:
         return await self._guard("events", self.core.events(timeout_s))
