@@ -929,7 +929,8 @@ class LocalReader:
             self.start_delay_s = 0.0
 
     async def add(self, spec: Any, lease: Any, lease_age_s: float | None = None) -> Any:
-        return await self._guard("add", self.core.add(spec, lease, lease_age_s=lease_age_s))
+        extra = {} if lease_age_s is None else {"lease_age_s": lease_age_s}  # cores that predate it
+        return await self._guard("add", self.core.add(spec, lease, **extra))
 
     async def events(self, timeout_s: float) -> Any:
         return await self._guard("events", self.core.events(timeout_s))

@@ -17,7 +17,23 @@ from .core import ShardEvent, ShardReaderCore
 from .io import ReaderIo
 from .spec import DEFAULT_THREADS, ReaderSpec
 
-__all__ = ["make_ray_actor"]
+__all__ = ["make_ray_actor", "reader_core"]
+
+
+def reader_core(store: LeaseStore, sink: Sink, aws: AwsSettings, call_timeout_s: float, max_buffered_bytes: int,
+                threads: int, stream_threads: int) -> ShardReaderCore:
+    """The :class:`ShardReaderCore` of a reader process: its Kinesis client (no botocore
+    retries: every attempt is the loop's own, paced; each call times out within the lease,
+    ``call_timeout_s``) and its pools, ``threads`` each (as many HTTP connections)."""
+    logging.basicConfig(level=logging.INFO)
+    # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads, never on the
+    # event loop: Ray's warning about a blocking ray.get in an async actor does not apply. Ray reads
+    # this switch at each ray.get.
+    os.environ["RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"] = "0"
+    settings = dataclasses.replace(aws, connect_timeout_s=min(aws.connect_timeout_s, call_timeout_s))
+    kinesis = settings.client("kinesis", read_timeout_s=call_timeout_s, max_attempts=0, max_pool_connections=threads)
+    return ShardReaderCore(store=store, deliver=sink.deliver, kinesis=kinesis, max_buffered_bytes=max_buffered_bytes,
+                           io=ReaderIo(kinesis_threads=threads, store_threads=threads, stream_threads=stream_threads))
 
 
 def make_ray_actor() -> Any:
@@ -45,20 +61,7 @@ def make_ray_actor() -> Any:
         def __init__(self, store: LeaseStore, sink: Sink, aws: AwsSettings, call_timeout_s: float,
                      max_buffered_bytes: int, threads: int = DEFAULT_THREADS,
                      stream_threads: int = DEFAULT_MAX_SHARDS_PER_READER) -> None:
-            logging.basicConfig(level=logging.INFO)
-            # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads, never on the
-            # event loop: Ray's warning about a blocking ray.get in an async actor does not apply. Ray reads
-            # this switch at each ray.get.
-            os.environ["RAY_WARN_BLOCKING_GET_INSIDE_ASYNC"] = "0"
-            # Every attempt is the loop's own (paced, <= 5/s): no botocore retries. Each call
-            # times out well within the lease, so only a truly stuck loop lets it lapse.
-            settings = dataclasses.replace(aws, connect_timeout_s=min(aws.connect_timeout_s, call_timeout_s))
-            kinesis = settings.client("kinesis", read_timeout_s=call_timeout_s, max_attempts=0,
-                                      max_pool_connections=threads)
-            self.core = ShardReaderCore(store=store, deliver=sink.deliver, kinesis=kinesis,
-                                        max_buffered_bytes=max_buffered_bytes,
-                                        io=ReaderIo(kinesis_threads=threads, store_threads=threads,
-                                                    stream_threads=stream_threads))
+            self.core = reader_core(store, sink, aws, call_timeout_s, max_buffered_bytes, threads, stream_threads)
             # Where this reader runs, for operators and chaos tests (``Subscription.stats()``).
             self.core.info.update(node_id=ray.get_runtime_context().get_node_id(), pid=os.getpid())
 

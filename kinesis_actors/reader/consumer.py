@@ -34,9 +34,10 @@ from ..leases.protocol import SHARD_END, Lease, LeaseStore
 from ..metrics import reader_tick
 from ..records import Record, StartAt
 from .delivery import BatchDelivery
-from .fetcher import Fetcher, new_fetcher
+from .fetcher import new_fetcher
 from .io import ByteBudget, ReaderIo, ToThreadIo
 from .lease import LeaseKeeper
+from .reading import FANOUT_BUDGET_DROP_S, Reading
 from .spec import Deliver, ReaderSpec, Sleep
 from .states import TRANSITIONS, ConsumerState, Stop, StopReason
 from .timers import wait_first
@@ -44,10 +45,6 @@ from .timers import wait_first
 __all__ = ["ShardConsumer", "FANOUT_BUDGET_DROP_S", "STOP_SLACK_S"]
 
 log = logging.getLogger("kinesis_actors.reader")
-
-FANOUT_BUDGET_DROP_S = 1.0
-"""How long an enhanced fan-out loop waits on a full byte budget with its subscription open
-before it drops the subscription, seconds (it resubscribes once the budget admits it)."""
 
 STOP_SLACK_S = 0.5
 """How long past its grace a stop waits for a consumer it cancelled, seconds (a lease write
@@ -107,8 +104,8 @@ class ShardConsumer:
         self.delivery = BatchDelivery(spec, deliver, dead_letter=spec.dead_letter, run_blocking=self._io.kinesis,
                                       clock=clock, sleep=sleep, alive=self._alive)
         self._stop: Stop | None = None
-        self._fetcher: Fetcher | None = None
-        self._held_bytes = 0  # budget bytes of records fetched and not yet acknowledged
+        self.reading = Reading(spec, self._io, budget, self.keeper, self.stats, clock=clock, sleep=sleep,
+                               stopping=self._stopping, alive=self._alive)
         self._seek: tuple[StartAt, asyncio.Future[None]] | None = None  # a pending seek request
         self._task: asyncio.Task[Any] | None = None
         self._renew_task: asyncio.Task[None] | None = None
@@ -133,7 +130,7 @@ class ShardConsumer:
     @property
     def held_bytes(self) -> int:
         """Budget bytes of records fetched and not yet acknowledged."""
-        return self._held_bytes
+        return self.reading.held_bytes
 
     @property
     def stop_request(self) -> Stop | None:
@@ -146,8 +143,7 @@ class ShardConsumer:
 
     def _lost(self, why: str) -> None:
         self._request(Stop(StopReason.LEASE_LOST, why=why))
-        if self._fetcher is not None:
-            self._fetcher.close()  # ends a subscription at once, even during a read
+        self.reading.close()  # ends a subscription at once, even during a read
         task = self._task
         if task is not None and not task.done() and asyncio.current_task() is not task:
             task.cancel()
@@ -192,11 +188,11 @@ class ShardConsumer:
             LeaseLostError: the lease was taken away meanwhile. StreamError/KinesisError:
             ``GetShardIterator`` failed and is not transient.
         """
-        if self.state is not ConsumerState.INITIALIZING or self._fetcher is not None:
+        if self.state is not ConsumerState.INITIALIZING or self.reading.fetcher is not None:
             return
         spec, store = self.spec, self.keeper.store
         if self.lease.checkpoint == SHARD_END:  # finished before: nothing to read, let the row go
-            self._fetcher = new_fetcher(spec, self._kinesis, spec.start_at, clock=self._clock)
+            self.reading.fetcher = new_fetcher(spec, self._kinesis, spec.start_at, clock=self._clock)
             await self.keeper.write("release", lambda lease: store.release(lease))
             self._to(ConsumerState.SHARD_ENDED)
             return
@@ -212,12 +208,13 @@ class ShardConsumer:
         assert start is not None
         # Opens at `start` (LATEST itself on a first open); an iterator that expires before
         # any record reopens at the recorded position, never at a later tip.
-        self._fetcher = fetcher = new_fetcher(spec, self._kinesis, start, restart_at=position, clock=self._clock)
+        self.reading.fetcher = fetcher = new_fetcher(spec, self._kinesis, start, restart_at=position,
+                                                     clock=self._clock)
         while not fetcher.has_iterator:
-            await self._pace()
+            await self.reading.pace()
             if self._stopping():  # stopped (or asked for) before it ever read: nothing to checkpoint
                 return
-            await self._step()
+            await self.reading.step()
             self._alive()
         self._to(ConsumerState.PROCESSING)
 
@@ -278,12 +275,11 @@ class ShardConsumer:
             await self._shut_down(stop)
 
     async def _end_tasks(self) -> None:
-        if self._fetcher is not None:
-            self._fetcher.close()
+        self.reading.close()
         assert self._renew_task is not None
         self._renew_task.cancel()
         await asyncio.gather(self._renew_task, return_exceptions=True)
-        self._give_back(self._held_bytes)
+        self.reading.give_back()
         if self.keeper.lost is not None and not self.state.terminal:
             self._to(ConsumerState.LOST)
         if self._seek is not None and not self._seek[1].done():
@@ -297,7 +293,7 @@ class ShardConsumer:
                 return
             if self._seek is not None:
                 await self._apply_seek()
-            got = await self._fetch()
+            got = await self.reading.fetch(lambda: self._stopping() or self._seek is not None)
             if got is None:
                 continue
             self._note_lag(got)
@@ -306,73 +302,10 @@ class ShardConsumer:
                 if self._stopping() or self._seek is not None:
                     break
                 await self._deliver_and_checkpoint(records[start : start + size])
-            self._give_back(self._held_bytes)  # delivered and acknowledged, or dropped (stop, seek)
+            self.reading.give_back()  # delivered and acknowledged, or dropped (stop, seek)
             if got.shard_end and not self._stopping() and self._seek is None:
                 await self._shard_end()
                 return
-
-    async def _fetch(self) -> Fetched | None:
-        """One step of the fetcher, paced, within the byte budget; None if nothing to deliver."""
-        fetcher = self._fetcher
-        assert fetcher is not None
-        await self._pace()
-        if self._stopping() or self._seek is not None:
-            return None
-        amount = fetcher.reserve_bytes
-        reserved = fetcher.has_iterator and await self._reserve_budget(amount)
-        got: Fetched | None = None
-        try:
-            got = await self._step()
-        finally:
-            if reserved and self._budget is not None:
-                nbytes = got.bytes if got is not None else 0
-                self._budget.settle(nbytes, amount)
-                self._held_bytes += nbytes
-        return got
-
-    async def _step(self) -> Fetched | None:
-        """One fetcher step (one AWS call) where the fetcher says it runs; its counters go to
-        the stats. Waiting for a place in the pool is not silence (other loops hold it); the
-        call itself is, from when its thread starts it: it must end within its socket timeout."""
-        fetcher = self._fetcher
-        assert fetcher is not None
-        started: list[float] = []  # set by the pool's thread when the call begins
-
-        def call() -> Fetched | None:
-            started.append(self._clock())
-            return fetcher.step()
-
-        self.keeper.call_started = started
-        try:
-            kind = fetcher.io_kind
-            if kind == "stream":
-                return await self._io.stream(call)
-            return await self._io.kinesis(call, limited=kind == "poll", shard=self.spec.shard_id)
-        finally:
-            self.keeper.call_started = None
-            self.keeper.alive()
-            self.stats.update(fetcher.counters())
-
-    async def _reserve_budget(self, amount: int | None = None) -> bool:
-        """Wait (alive) until the byte budget admits one more fetch of ``amount`` bytes; True
-        once reserved. A fetcher holding a connection drops it after :data:`FANOUT_BUDGET_DROP_S`."""
-        budget = self._budget
-        if budget is None:
-            return False
-        since = self._clock()
-        while not budget.try_reserve(amount):
-            await budget.wait_changed(max(0.05, min(self.spec.renew_interval_s / 2, FANOUT_BUDGET_DROP_S)))
-            self._alive()
-            fetcher = self._fetcher
-            if fetcher is not None and fetcher.has_iterator and self._clock() - since >= FANOUT_BUDGET_DROP_S \
-                    and fetcher.pause():
-                self.stats["budget_drops"] = self.stats.get("budget_drops", 0) + 1
-        return True
-
-    def _give_back(self, nbytes: int) -> None:
-        if nbytes and self._budget is not None:
-            self._budget.release(nbytes)
-        self._held_bytes -= nbytes
 
     async def _shard_end(self) -> None:
         store = self.keeper.store
@@ -433,16 +366,8 @@ class ShardConsumer:
         self.keeper.alive()
         reader_tick(self.spec, self.stats)  # metrics: per step, rate-limited, never per record
 
-    async def _pace(self) -> None:
-        fetcher = self._fetcher
-        if fetcher is None:
-            return
-        end = self._clock() + fetcher.due_in()
-        while (left := end - self._clock()) > 0 and not self._stopping():
-            await self._sleep(min(left, max(0.05, self.spec.renew_interval_s / 2)))
-            self._alive()
-
     def _note_lag(self, got: Fetched) -> None:
+        """``millis_behind_latest``: the service's figure, or the newest record's age if larger."""
         lag = got.millis_behind_latest
         records = got.records
         if records and records[-1].approximate_arrival_timestamp is not None:
@@ -505,13 +430,14 @@ class ShardConsumer:
         await wait_first({applied, task}, max(5.0, self.spec.lease_duration_s), self._sleep)
 
     async def _apply_seek(self) -> None:
-        assert self._seek is not None and self._fetcher is not None
+        fetcher = self.reading.fetcher
+        assert self._seek is not None and fetcher is not None
         (position, applied), self._seek = self._seek, None
         try:
             at = position.to_str()
             await self.keeper.write("seek", lambda lease: self.keeper.store.set_start_position(lease, at))
             self.stats["checkpoint"] = None
-            self._fetcher.seek(position)
+            fetcher.seek(position)
             log.info("shard %s: seek to %s", self.spec.shard_id, position)
         finally:
             if not applied.done():
