@@ -209,13 +209,13 @@ class ShardReaderCore:
         kinesis_call_limit_cuts (:class:`CallLimit`), and :attr:`info` (the shell adds
         node_id and pid).
         """
-        budget = self.budget
+        budget, limit = self.budget, getattr(self._io, "limit", None)  # an IO without a call limit: 0
         shards = {sid: dict(c.stats) for sid, c in self._consumers.items()}
         return {"shards": shards, "ended": dict(self._ended),
                 "reader": {**self.info, "shards": len(shards), "buffered_bytes": budget.used,
                            "peak_buffered_bytes": budget.peak, "max_buffered_bytes": budget.limit,
-                           "budget_waits": budget.waits, "kinesis_call_limit": int(self._io.limit.limit),
-                           "kinesis_call_limit_cuts": self._io.limit.cuts}}
+                           "budget_waits": budget.waits, "kinesis_call_limit": int(limit.limit) if limit else 0,
+                           "kinesis_call_limit_cuts": limit.cuts if limit else 0}}
 
     def abort(self) -> None:
         """Cancel every consumer where it stands, writing nothing more (a store write

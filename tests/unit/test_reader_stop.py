@@ -6,38 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from kinesis_actors.reader import STOP_SLACK_S, ConsumerState, ReaderSpec, ShardReaderCore
 from kinesis_actors.records import Record, StartAt
-from kinesis_actors.testing import FakeClock, FakeShard, InProcessLeaseStore
+from kinesis_actors.testing import FakeClock, FakeShard, InlineIo, InProcessLeaseStore
 
 STREAM, SHARD = "s", "shardId-000000000000"
 T = TypeVar("T")
-
-
-class InlineIo:
-    """ReaderIo's interface, calls made inline on the event loop; ``hang_store`` makes every
-    later lease-store call wait forever (the table unreachable, a socket that never answers)."""
-
-    def __init__(self) -> None:
-        self.hang_store = False
-        self.hung = 0
-
-    async def kinesis(self, fn: Callable[..., T], *args: Any, limited: bool = True, shard: str | None = None) -> T:
-        return fn(*args)
-
-    async def stream(self, fn: Callable[..., T], *args: Any) -> T:
-        return fn(*args)
-
-    async def store(self, fn: Callable[..., T], *args: Any) -> T:
-        if self.hang_store:
-            self.hung += 1
-            await asyncio.get_running_loop().create_future()
-        return fn(*args)
-
-    def note_renewal(self, latency_s: float, renew_interval_s: float) -> None:
-        pass
 
 
 class Reader:
@@ -45,7 +21,7 @@ class Reader:
         self.clock = FakeClock()
         self.store = InProcessLeaseStore(clock=self.clock)
         self.shard = FakeShard(records)
-        self.io = InlineIo()
+        self.io = InlineIo(self.clock)
         self.delivered: list[Record] = []
 
         async def deliver(batch: list[Record]) -> None:
