@@ -108,6 +108,8 @@ class Stop:
         closing without giving the lease away); a first handoff asker stays."""
         if new.reason is StopReason.REQUESTED and self.reason is StopReason.HANDOFF:
             return new if not new.release else self
+        if new.reason is StopReason.HANDOFF and self.reason is StopReason.REQUESTED and not self.release:
+            return self
         if _RANK[new.reason] > _RANK[self.reason]:
             return new
         if new.reason is self.reason is StopReason.REQUESTED:
