@@ -49,7 +49,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from .backoff import Backoff
 from .errors import InvalidError, KinesisError, aws_error_code, is_throttling
@@ -283,12 +283,31 @@ class FanOutFetcher(ShardPosition):
         with self._lock:
             self._closed = False
 
-    def pause(self) -> None:
-        """Drop the subscription (backpressure); the next step resubscribes from :attr:`position`."""
+    def pause(self) -> bool:
+        """Drop the subscription (backpressure); the next step resubscribes from :attr:`position`.
+        True (the reader's Fetcher protocol: something was dropped)."""
         if self._source is not None:
             log.info("%s: byte budget full; subscription dropped, resubscribing after the last acknowledged "
                      "record", self.resource)
         self._drop()
+        return True
+
+    # -- the reader's Fetcher protocol (kinesis_actors.reader.fetcher)
+    reserve_bytes: int | None = FANOUT_EVENT_RESERVE_BYTES
+    """Byte-budget reservation of one step (one event), bytes."""
+
+    @property
+    def io_kind(self) -> Literal["stream", "open"]:
+        """``"stream"`` while a subscription is open (the step waits for its next event), else
+        ``"open"`` (``SubscribeToShard``: at most once per second per shard)."""
+        return "stream" if self._source is not None else "open"
+
+    def counters(self) -> dict[str, int]:
+        """The polling counters (0 here but ``throttles``) and ``subscriptions``,
+        ``subscription_renewals``, ``subscription_drops``."""
+        return {"get_records_calls": self.get_records_calls, "throttles": self.throttles,
+                "expired_iterators": self.expired_iterators, "subscriptions": self.subscriptions,
+                "subscription_renewals": self.renewals, "subscription_drops": self.drops}
 
     # -- internals
     def _drop(self) -> None:

@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from .backoff import THROTTLE_BACKOFF, Backoff
 from .errors import KinesisError, StreamError, aws_error_code, is_throttling, is_unreachable, translate_aws_error
@@ -386,6 +386,27 @@ class ShardFetcher(ShardPosition):
     def has_iterator(self) -> bool:
         """True while an iterator is held (the next step is a ``GetRecords``)."""
         return self._iterator is not None
+
+    # -- the reader's Fetcher protocol (kinesis_actors.reader.fetcher)
+    reserve_bytes: int | None = None
+    """Byte-budget reservation of one step: None, one ``GetRecords`` response (the budget's default)."""
+
+    @property
+    def io_kind(self) -> Literal["poll", "open"]:
+        """``"poll"`` while an iterator is held (a recurring ``GetRecords``), else ``"open"``."""
+        return "poll" if self._iterator is not None else "open"
+
+    def close(self) -> None:
+        """Nothing to end: a polling fetcher holds no connection of its own."""
+
+    def pause(self) -> bool:
+        """Nothing to drop (``GetRecords`` holds nothing between calls): False."""
+        return False
+
+    def counters(self) -> dict[str, int]:
+        """``get_records_calls``, ``throttles``, ``expired_iterators``."""
+        return {"get_records_calls": self.get_records_calls, "throttles": self.throttles,
+                "expired_iterators": self.expired_iterators}
 
     def seek(self, position: StartAt) -> None:
         """Drop the iterator and everything returned: the next step opens at ``position``."""
