@@ -30,7 +30,6 @@ import base64
 import binascii
 import dataclasses
 import datetime as _dt
-import inspect
 import json
 import os
 import random
@@ -933,21 +932,15 @@ class LocalReader:
             self.start_delay_s = 0.0
 
     async def add(self, spec: Any, lease: Any, *, lease_age_s: float | None = None) -> Any:
-        """The core's ``add``; ``lease_age_s`` is recorded in ``lease_ages`` and passed on
-        when the core's ``add`` takes it."""
+        """The core's ``add``; ``lease_age_s`` is recorded in ``lease_ages`` and passed on."""
         self.lease_ages[spec.shard_id] = lease_age_s
-        if lease_age_s is not None and "lease_age_s" in inspect.signature(self.core.add).parameters:
-            return await self._guard("add", self.core.add(spec, lease, lease_age_s=lease_age_s))
-        return await self._guard("add", self.core.add(spec, lease))
+        return await self._guard("add", self.core.add(spec, lease, lease_age_s=lease_age_s))
 
     async def request_handoff(self, shard_id: str, asker: str) -> bool:
-        """The core's ``request_handoff`` (False when the core has none: its renewal sees the request)."""
+        """The core's ``request_handoff`` (a plain call: it marks the consumer), kept in ``handoff_requests``."""
         self.handoff_requests.append((shard_id, asker))
-        method = getattr(self.core, "request_handoff", None)
-        if method is None:
-            self._check("request_handoff")
-            return False
-        accepted: bool = await self._guard("request_handoff", method(shard_id, asker))
+        self._check("request_handoff")
+        accepted: bool = self.core.request_handoff(shard_id, asker)
         return accepted
 
     async def events(self, timeout_s: float) -> Any:

@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import os
 from collections.abc import Callable
@@ -26,17 +24,6 @@ __all__ = ["RayReaderHandle", "make_coordinator_actor"]
 log = logging.getLogger("kinesis_actors.coordinator")
 
 
-@functools.cache
-def _reader_supports(feature: str) -> bool:
-    """Whether this version's ShardReader has ``add(..., lease_age_s=)`` / ``request_handoff``
-    (INTERFACES items 5 and 6; a reader without them gets the calls it knows)."""
-    from ..reader import ShardReaderCore
-
-    if feature == "lease_age_s":
-        return "lease_age_s" in inspect.signature(ShardReaderCore.add).parameters
-    return hasattr(ShardReaderCore, feature)
-
-
 class RayReaderHandle:
     """:class:`ReaderHandle` over a ``ShardReader`` actor: Ray errors mapped to ReaderGone/ReaderUnreachable.
 
@@ -55,10 +42,7 @@ class RayReaderHandle:
         await self._call("ping")
 
     async def add(self, spec: ReaderSpec, lease: Lease, *, lease_age_s: float | None = None) -> ShardEvent:
-        if lease_age_s is not None and _reader_supports("lease_age_s"):
-            answer: ShardEvent = await self._call("add", spec, lease, lease_age_s=lease_age_s)
-        else:
-            answer = await self._call("add", spec, lease)
+        answer: ShardEvent = await self._call("add", spec, lease, lease_age_s=lease_age_s)
         return answer
 
     async def events(self, timeout_s: float) -> list[ShardEvent]:
@@ -77,8 +61,6 @@ class RayReaderHandle:
         return answer
 
     async def request_handoff(self, shard_id: str, asker: str) -> bool:
-        if not _reader_supports("request_handoff"):
-            return False  # the reader sees the request at its next renewal
         answer: bool = await self._call("request_handoff", shard_id, asker)
         return answer
 
