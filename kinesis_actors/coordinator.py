@@ -308,6 +308,9 @@ class CoordinatorCore:
             try:
                 await self.poll_leases()
             except Exception as e:
+                if getattr(e, "fatal", False):  # e.g. KclLeaseStore saw a live KCL worker: refuse the table
+                    await self.fail(e)
+                    break
                 log.warning("%s: lease poll failed (%r); retrying next interval", cfg.name, e)
             # A table read that takes long (a big table on a slow store) spaces the polls out,
             # so the Coordinator never spends more than half of the store's time reading it.
