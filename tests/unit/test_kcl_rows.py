@@ -219,3 +219,23 @@ def test_store_refuses_another_stream_and_writes_no_presence_without_io() -> Non
         KclLeaseStore("my-kcl-app", stream="a:b")
     with pytest.raises(InvalidError):
         KclLeaseStore("x")  # not a DynamoDB table name
+
+
+def test_a_child_read_before_needs_no_parent_lease() -> None:
+    """KCL's LeaseCleanupManager deletes a finished parent's lease once its children are read: a
+    child row with a checkpoint is readable although its parent (still listed) has no row; a
+    child never read still waits for its parents."""
+    from kinesis_actors.config import KinesisStream
+    from kinesis_actors.coordinator import CoordinatorCore
+    from kinesis_actors.kinesis import ShardInfo
+    from kinesis_actors.leases.protocol import Lease
+    from kinesis_actors.testing import FakeKinesis, InProcessLeaseStore
+
+    core = CoordinatorCore(KinesisStream("s"), aws=None, store=InProcessLeaseStore(), owner_id="me",  # type: ignore[arg-type]
+                           lease_duration_s=1.0, renew_interval_s=0.2, launcher=lambda _: None,
+                           kinesis=FakeKinesis(0))
+    parent, child = ShardInfo("shardId-000000000000"), ShardInfo(SHARD, parent_shard_ids=("shardId-000000000000",))
+    core._shards = {parent.shard_id: parent, child.shard_id: child}
+    assert not core._parents_done(child, {})
+    assert not core._parents_done(child, {SHARD: Lease("s", SHARD, None, 1, start_position="TRIM_HORIZON")})
+    assert core._parents_done(child, {SHARD: Lease("s", SHARD, None, 4, checkpoint=SEQ)})
