@@ -26,22 +26,16 @@ from typing import Any
 
 import pytest
 
-from bench.common import ensure_venv
-from bench.peer_kcl_rs import KCLRS_PACKAGE, _CloudWatchSink, _kcl_worker, seed_kcl_leases
+from bench.peer_kcl_rs import _CloudWatchSink, _kcl_worker, seed_kcl_leases
 from kinesis_actors import KclLeaseStore, KinesisBroker, KinesisStream, StartAt
 
 from .helpers import create_stream, dynamodb_client, kinesis_client, wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / "bench" / ".venv-kclrs"
+from .test_bench_peer_kcl_rs import kclrs_venv  # noqa: F401 - the fixture: installs kcl-rs or skips with pip's reason
 
 
 @pytest.fixture(scope="module")
-def kclrs_python() -> str:
-    py, error = ensure_venv(str(VENV), KCLRS_PACKAGE, "import kcl_rs", lambda msg: print(msg, file=sys.stderr))
-    if py is None:
-        pytest.skip(f"kcl-rs cannot be installed here ({KCLRS_PACKAGE}, no network or no wheel): {error}")
-    return py
+def kclrs_python(kclrs_venv: Path) -> str:
+    return str(kclrs_venv / "bin" / "python")
 
 
 def _publish(endpoint: str, stream: str, prefix: str, n: int) -> dict[tuple[str, str], bytes]:

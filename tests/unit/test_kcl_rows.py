@@ -239,3 +239,39 @@ def test_a_child_read_before_needs_no_parent_lease() -> None:
     assert not core._parents_done(child, {})
     assert not core._parents_done(child, {SHARD: Lease("s", SHARD, None, 1, start_position="TRIM_HORIZON")})
     assert core._parents_done(child, {SHARD: Lease("s", SHARD, None, 4, checkpoint=SEQ)})
+
+
+def test_a_live_kcl_worker_fails_the_subscription() -> None:
+    """KclFleetLiveError is ``fatal``: the Coordinator's control loop fails the subscription
+    (parks the error, releases) instead of retrying the poll."""
+    import asyncio
+
+    from kinesis_actors.config import KinesisStream
+    from kinesis_actors.coordinator import CoordinatorCore
+    from kinesis_actors.leases.kcl import KclFleetLiveError
+    from kinesis_actors.records import StartAt
+    from kinesis_actors.testing import FakeKinesis, InProcessLeaseStore
+
+    class LiveKcl(InProcessLeaseStore):
+        polls = 0
+
+        def snapshot(self, stream: str) -> Any:
+            LiveKcl.polls += 1
+            if LiveKcl.polls > 1:
+                raise KclFleetLiveError("a KCL worker is running on this table")
+            return super().snapshot(stream)
+
+    async def scenario() -> None:
+        core = CoordinatorCore(KinesisStream("s", start_at=StartAt.trim_horizon(), lease_poll_interval_s=0.05),
+                               aws=None, store=LiveKcl(), owner_id="me",  # type: ignore[arg-type]
+                               lease_duration_s=1.0, renew_interval_s=0.2, launcher=lambda _: None,
+                               kinesis=FakeKinesis(0), call_timeout_s=5.0)
+        await core.start()
+        deadline = asyncio.get_running_loop().time() + 10
+        while core.error() is None:
+            assert asyncio.get_running_loop().time() < deadline, "the subscription did not fail"
+            await asyncio.sleep(0.02)
+        assert isinstance(core.error(), KclFleetLiveError)
+        await core.close()
+
+    asyncio.run(scenario())
