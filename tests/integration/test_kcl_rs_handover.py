@@ -12,7 +12,7 @@ emulator:
 3. a new kcl-rs worker continues from our checkpoints: every later record, none before.
 
 Slow (kcl-rs's start, about 5 s on rows that exist, twice; Ray's start): marked ``slow``
-like ``test_bench_peer_kcl_rs.py``, so it runs in the bench-harness stage.
+and staged like ``test_bench_peer_kcl_rs.py``, which shares its kcl-rs virtualenv fixture.
 """
 
 from __future__ import annotations
