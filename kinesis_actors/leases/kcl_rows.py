@@ -249,7 +249,8 @@ def new_item(row: Mapping[str, Any], kcl_key: str, identifier: str | None) -> di
     ``checkpoint`` is ``TRIM_HORIZON`` (KCL's sentinel for a child shard; a KCL fleet started
     before we choose a position re-reads from the oldest record) with our ``pending`` marker;
     ``identifier`` (multi-stream) adds ``streamName`` and ``shardId``. No hash key range:
-    KCL backfills a missing one itself (its periodic shard sync).
+    KCL backfills a missing one itself (``coordinator/PeriodicShardSyncManager.java``
+    ``fillWithHashRangesIfRequired``).
     """
     item: dict[str, Any] = {K_KEY: kcl_key, K_COUNTER: int(row[COUNTER]), K_SWITCHES: 0,
                             K_CHECKPOINT: TRIM_HORIZON, K_SUB: 0, A_START: PENDING}
