@@ -183,3 +183,46 @@ def test_leases_command_prints_a_kcl_table(endpoint: str) -> None:
     assert "worker-a" not in result.output.split("shardId-000000000001")[1]  # no metrics row printed
     both = CliRunner().invoke(cli, ["leases", "--table", "t", "--kcl-table", table, "--endpoint", endpoint])
     assert both.exit_code == 2 and "exactly one of --table and --kcl-table" in both.output
+
+
+def test_takeover_with_in_process_readers(endpoint: str) -> None:
+    """The same takeover without Ray: the Coordinator's and readers' logic in this event loop
+    (``CoordinatorCore`` + ``ShardReaderCore``), on the emulator over HTTP, through KclLeaseStore."""
+    import asyncio
+
+    from kinesis_actors.coordinator import CoordinatorCore
+    from kinesis_actors.reader import ReaderIo, ShardReaderCore
+    from kinesis_actors.testing import LocalReader
+
+    stream, table = f"kcl-local-{uuid.uuid4().hex[:6]}", f"kcl-app-{uuid.uuid4().hex[:6]}"
+    create_stream(endpoint, stream, 3)
+    want, never = _seed(endpoint, stream, table)
+    counters = {i["leaseKey"]["S"]: int(i["leaseCounter"]["N"]) for i in _scan(endpoint, table)}
+    store = KclLeaseStore(table, endpoint=endpoint, region="us-east-1", test_credentials=True, stream=stream).open()
+    kinesis = kinesis_client(endpoint)
+    delivered: list[Any] = []
+
+    async def deliver(records: list[Any]) -> None:
+        delivered.extend(records)
+
+    def launch(_: int) -> LocalReader:
+        return LocalReader(ShardReaderCore(store=store.peer(), deliver=deliver, kinesis=kinesis,
+                                           io=ReaderIo(kinesis_threads=2, store_threads=2)))
+
+    async def scenario() -> None:
+        core = CoordinatorCore(KinesisStream(stream, start_at=StartAt.latest(), **POLL), aws=None,  # type: ignore[arg-type]
+                               store=store, owner_id="ours", lease_duration_s=2.0, renew_interval_s=0.5,
+                               launcher=launch, kinesis=kinesis, call_timeout_s=10.0)
+        await core.start()
+        deadline = time.monotonic() + 60
+        while not want <= {r.data for r in delivered}:
+            assert core.error() is None, core.error()
+            assert time.monotonic() < deadline, f"missing {sorted(want - {r.data for r in delivered})}"
+            await asyncio.sleep(0.1)
+        await core.close()
+
+    asyncio.run(scenario())
+    assert not never & {r.data for r in delivered}, sorted(never & {r.data for r in delivered})
+    items = _scan(endpoint, table)
+    _assert_valid_kcl_rows(items, set(counters))
+    assert all(int(i["leaseCounter"]["N"]) > counters[i["leaseKey"]["S"]] for i in items)

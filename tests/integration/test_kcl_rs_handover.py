@@ -17,6 +17,7 @@ and staged like ``test_bench_peer_kcl_rs.py``, which shares its kcl-rs virtualen
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 import types
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from bench.peer_kcl_rs import _CloudWatchSink, _kcl_worker, seed_kcl_leases
+from bench.peer_kcl_rs import SETTINGS, _CloudWatchSink, _kcl_worker, seed_kcl_leases
 from kinesis_actors import KclLeaseStore, KinesisBroker, KinesisStream, StartAt
 
 from .helpers import create_stream, dynamodb_client, kinesis_client, wait_until
@@ -50,8 +51,7 @@ def _publish(endpoint: str, stream: str, prefix: str, n: int) -> dict[tuple[str,
 
 def _kcl_rs_reads(ctx: Any, cw: str, stream: str, app: str, name: str, expect: int, log: Path) -> set[tuple[str, str]]:
     """Run one kcl-rs worker until it delivered ``expect`` records (it checkpoints each batch), then end it."""
-    worker = _kcl_worker(ctx, cw, name, stream, app, {"idle_time_between_reads_millis": 200,
-                                                     "shard_sync_interval_millis": 1000},
+    worker = _kcl_worker(ctx, cw, name, stream, app, SETTINGS["seeded"],
                          expect=expect, exit_after_reached=1.0, record_log=str(log), timeout_s=240)
     try:
         done = worker.wait("done", timeout_s=270)
@@ -68,11 +68,58 @@ def _checkpoints(endpoint: str, app: str) -> dict[str, int]:
             if i.get("entityType", {}).get("S", "LEASE") == "LEASE" and i["checkpoint"]["S"].isdigit()}
 
 
+def _ours_read(ours_in: str, endpoint: str, stream: str, app: str, expect: set[bytes]) -> list[Any]:
+    """Ours on the KCL table until every payload of ``expect`` arrived, then a clean close.
+
+    ``ray``: a broker (Coordinator and ShardReader actors); ``in_process``: the same
+    Coordinator and reader logic in this event loop (``CoordinatorCore``, ``ShardReaderCore``)."""
+    stream_config = KinesisStream(stream, start_at=StartAt.latest(), shard_sync_interval_s=1.0,
+                                  lease_poll_interval_s=0.3)
+    got: list[Any] = []
+    if ours_in == "ray":
+        broker = KinesisBroker(endpoint=endpoint, region="us-east-1", test_credentials=True, lease_duration_s=2.0,
+                               renew_interval_s=0.5, lease_store=KclLeaseStore(app, stream=stream)).connect()
+        try:
+            sub = broker.subscribe(stream_config)
+            wait_until(lambda: got.extend(sub.next_batch(timeout_s=0.5)) or expect <= {r.data for r in got},
+                       timeout_s=120, what="ours: every later record")
+            sub.close()
+        finally:
+            broker.shutdown()
+        return got
+    from kinesis_actors.coordinator import CoordinatorCore
+    from kinesis_actors.reader import ReaderIo, ShardReaderCore
+    from kinesis_actors.testing import LocalReader
+
+    store = KclLeaseStore(app, endpoint=endpoint, region="us-east-1", test_credentials=True, stream=stream).open()
+    kinesis = kinesis_client(endpoint)
+
+    async def deliver(records: list[Any]) -> None:
+        got.extend(records)
+
+    async def scenario() -> None:
+        core = CoordinatorCore(stream_config, aws=None, store=store, owner_id="ours",  # type: ignore[arg-type]
+                               lease_duration_s=2.0, renew_interval_s=0.5, kinesis=kinesis, call_timeout_s=10.0,
+                               launcher=lambda _: LocalReader(ShardReaderCore(
+                                   store=store.peer(), deliver=deliver, kinesis=kinesis, io=ReaderIo())))
+        await core.start()
+        deadline = time.monotonic() + 120
+        while not expect <= {r.data for r in got}:
+            assert core.error() is None and time.monotonic() < deadline, core.error()
+            await asyncio.sleep(0.1)
+        await core.close()
+
+    asyncio.run(scenario())
+    return got
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("ours_in", ["ray", "in_process"])
 def test_kcl_rs_to_ours_and_back_loses_nothing_and_redelivers_nothing(
-        kclrs_python: str, endpoint: str, tmp_path: Path) -> None:
+        kclrs_python: str, endpoint: str, tmp_path: Path, ours_in: str, request: pytest.FixtureRequest) -> None:
+    if ours_in == "ray":
+        request.getfixturevalue("ray_session")
     stream, app = f"kclrs-move-{uuid.uuid4().hex[:6]}", f"kclrs-app-{uuid.uuid4().hex[:6]}"
     create_stream(endpoint, stream, 2)
     seed_kcl_leases(endpoint, stream, app)  # the rows kcl-rs's first shard sync writes (no empty-table wait)
@@ -86,17 +133,7 @@ def test_kcl_rs_to_ours_and_back_loses_nothing_and_redelivers_nothing(
         assert len(by_kcl) == 2, by_kcl  # kcl-rs checkpointed both shards
 
         second = _publish(endpoint, stream, "b", 40)
-        broker = KinesisBroker(endpoint=endpoint, region="us-east-1", test_credentials=True, lease_duration_s=2.0,
-                               renew_interval_s=0.5, lease_store=KclLeaseStore(app, stream=stream)).connect()
-        try:
-            sub = broker.subscribe(KinesisStream(stream, start_at=StartAt.latest(), shard_sync_interval_s=1.0,
-                                                 lease_poll_interval_s=0.3))
-            ours: list[Any] = []
-            wait_until(lambda: ours.extend(sub.next_batch(timeout_s=0.5)) or
-                       set(second.values()) <= {r.data for r in ours}, timeout_s=120, what="ours: every later record")
-            sub.close()
-        finally:
-            broker.shutdown()
+        ours = _ours_read(ours_in, endpoint, stream, app, set(second.values()))
         redelivered = [r for r in ours if int(r.sequence_number) <= by_kcl[r.shard_id]]
         assert not redelivered, redelivered[:5]  # nothing kcl-rs checkpointed
         assert not {r.data for r in ours} & set(first.values())
