@@ -64,7 +64,7 @@ from .kcl_rows import (
 )
 from .kcl_update import kcl_update
 from .protocol import Instance, Lease, duration_to_ms, lease_key, validate_names
-from .rows import COUNTER, DURATION_MS, EXPIRY, KEY, SHARD_ID, STREAM, Row
+from .rows import COUNTER, DURATION_MS, EXPIRY, KEY, SHARD_ID, STREAM, STREAM_ARN, STREAM_CREATION_MS, Row
 
 __all__ = ["KclLeaseStore", "KclFleetLiveError"]
 
@@ -307,8 +307,8 @@ class KclLeaseStore(DynamoLeaseStore):
         stream, shard_id = item[STREAM], item[SHARD_ID]
         self._check_stream(stream)
         identity = None
-        if item.get("stream_arn") is not None and item.get("stream_creation_ms") is not None:
-            identity = (item["stream_arn"], int(item["stream_creation_ms"]))
+        if item.get(STREAM_ARN) is not None and item.get(STREAM_CREATION_MS) is not None:
+            identity = (item[STREAM_ARN], int(item[STREAM_CREATION_MS]))
         identifier = self._identifier(stream, identity)
         if self._multi and identifier is None:
             raise InvalidError(f"KCL lease table {self._table!r} is multi-stream and has no row of stream "
