@@ -226,3 +226,34 @@ def test_takeover_with_in_process_readers(endpoint: str) -> None:
     items = _scan(endpoint, table)
     _assert_valid_kcl_rows(items, set(counters))
     assert all(int(i["leaseCounter"]["N"]) > counters[i["leaseKey"]["S"]] for i in items)
+
+
+def test_multi_stream_table(endpoint: str) -> None:
+    """A multi-stream KCL table (DynamoDBMultiStreamLeaseSerializer: leaseKey
+    ``account:stream:creationEpoch:shardId``, ``streamName``, ``shardId``): detected at open,
+    rows found by stream name, new rows keyed as KCL keys them, other streams kept apart."""
+    table = f"kcl-multi-{uuid.uuid4().hex[:6]}"
+    dynamodb = dynamodb_client(endpoint)
+    create_kcl_table(dynamodb, table)
+    orders, payments = "123456789012:orders:1700000000", "123456789012:payments:1700000001"
+    for identifier in (orders, payments):
+        dynamodb.put_item(TableName=table, Item=kcl_item(f"{identifier}:shardId-000000000000", counter=4,
+                                                         checkpoint="111", stream_name=identifier))
+    store = KclLeaseStore(table, endpoint=endpoint, region="us-east-1", test_credentials=True).open()
+    assert store.multi_stream is True
+    [lease] = store.list("orders")
+    assert (lease.shard_id, lease.checkpoint, lease.counter) == ("shardId-000000000000", "111", 4)
+    taken = store.take("orders", "shardId-000000000000", owner="me", duration_s=1.0)
+    assert taken is not None and taken.checkpoint == "111"
+    store.checkpoint(taken, "222")
+    child = store.take("orders", "shardId-000000000001", owner="me", duration_s=1.0,
+                       parent_shard_ids=("shardId-000000000000",),
+                       stream_identity=("arn:aws:kinesis:us-east-1:123456789012:stream/orders", 1_700_000_000_000))
+    assert child is not None and child.parent_shard_ids == ("shardId-000000000000",)
+    items = {i["leaseKey"]["S"]: i for i in _scan(endpoint, table)}
+    new = items[f"{orders}:shardId-000000000001"]
+    assert (new["streamName"]["S"], new["shardId"]["S"], new["checkpoint"]["S"]) == \
+        (orders, "shardId-000000000001", "TRIM_HORIZON")
+    assert items[f"{orders}:shardId-000000000000"]["checkpoint"]["S"] == "222"
+    assert items[f"{payments}:shardId-000000000000"]["checkpoint"]["S"] == "111"  # another stream: untouched
+    assert [lease.checkpoint for lease in store.list("payments")] == ["111"]
