@@ -17,7 +17,7 @@ from .errors import (
     SinkError,
     StreamError,
 )
-from .leases import SHARD_END, DynamoLeaseStore, Lease, LeaseStore, MemoryLeaseStore
+from .leases import SHARD_END, DynamoLeaseStore, KclLeaseStore, Lease, LeaseStore, MemoryLeaseStore
 from .publisher import Publisher, PutResult
 from .records import Record, StartAt
 
@@ -36,6 +36,7 @@ __all__ = [
     "LeaseStore",
     "MemoryLeaseStore",
     "DynamoLeaseStore",
+    "KclLeaseStore",
     "SHARD_END",
     "KinesisError",
     "NotConnectedError",

@@ -80,6 +80,9 @@ class Subscription:
         self.owner_id: str = broker.owner_id  # type: ignore[assignment]
         self._broker = broker
         self._store: LeaseStore = broker.lease_store  # type: ignore[assignment]
+        claim = getattr(self._store, "claim_stream", None)
+        if claim is not None:  # KclLeaseStore: a single-stream KCL table serves one stream (InvalidError)
+            claim(stream.name)
         self._aws = aws
         self._sink = sink
         self._queue = make_pull_queue() if sink is None else None

@@ -252,6 +252,9 @@ class CoordinatorCore:
         try:
             await update()
         except Exception as e:  # any failure of one part: logged and counted, retried when next due
+            if getattr(e, "fatal", False):  # e.g. KclLeaseStore saw a live KCL worker: refuse the table
+                await self.fail(e)
+                return
             self.counters["step_failures"] += 1
             log.warning("%s: %s failed (%r); retrying when next due", self.stream.name, name, e)
 

@@ -163,6 +163,9 @@ class LeasePoll:
         return current
 
     def _parents_done(self, shard: ShardInfo, rows: dict[str, Lease]) -> bool:
+        own = rows.get(shard.shard_id)
+        if own is not None and own.checkpoint is not None:
+            return True  # read before, so its parents were done (KCL deletes a finished parent's lease)
         for parent in shard.parent_shard_ids:
             if parent not in self.shards:
                 continue  # trimmed away: ListShards no longer lists it
