@@ -404,8 +404,9 @@ class CoordinatorCore:
         taken = await self.leases.take_all(wanted, skip=lambda sid: self._closing or sid in held)
         for t in taken:
             self.handoffs.received(t.shard.shard_id)
-        await self.handoffs.ask(plan.steal, view.rows, view.read_at,
-                                why=f"target {plan.target}, live {','.join(plan.live)}")
+        if not no_room:  # no more moves asked for while leases already ours wait for room on a reader
+            await self.handoffs.ask(plan.steal, view.rows, view.read_at,
+                                    why=f"target {plan.target}, live {','.join(plan.live)}")
         self.handoffs.pass_on(view.rows, lambda sid: self.placements.handle_of(sid, open_only=True))
         news = [Taken(self.leases.shards[f.shard_id], f, view.read_at) for f in forced] + taken
         opens = [h for h in (self.placements.track(t.shard, t.lease, t.taken_at) for t in news

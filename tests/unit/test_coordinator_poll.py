@@ -279,3 +279,33 @@ def test_a_failed_handoff_request_costs_no_lease_taken_in_the_same_poll() -> Non
         await core.close()
 
     asyncio.run(scenario())
+
+
+class NeverReady(OpenReader):
+    """An OpenReader whose actor never finishes starting (a loaded node)."""
+
+    async def ping(self) -> None:
+        await asyncio.Event().wait()
+
+
+def test_no_handoff_is_asked_for_while_a_lease_already_ours_waits_for_room() -> None:
+    kinesis, opened = FakeKinesis(8), {}
+    store = InProcessLeaseStore()
+    shards = sorted(kinesis.shards)
+    store.heartbeat(STREAM, "other", duration_s=600.0)
+    for sid in shards[1:]:
+        store.take(STREAM, sid, owner="other", duration_s=600.0)
+    store.take(STREAM, shards[0], owner="me", duration_s=600.0)  # handed over to us
+
+    async def scenario() -> None:
+        core = CoordinatorCore(KinesisStream(STREAM, start_at=StartAt.trim_horizon()), aws=AwsSettings(),
+                               store=store, owner_id="me", lease_duration_s=5.0, renew_interval_s=1.0,
+                               launcher=lambda _: NeverReady(opened), kinesis=kinesis)
+        await core.sync_shards()
+        await core.poll_leases()
+        assert core.last_plan is not None and core.last_plan.steal, "the planner would move one more"
+        assert core.counters["handoffs_requested"] == 0, "not while our own row has no reader to go to"
+        assert core.held() == []
+        await core.close(timeout_s=1.0)
+
+    asyncio.run(scenario())
