@@ -143,7 +143,7 @@ class LeasePoll:
         rows = self._this_incarnation({lease.shard_id: lease for lease in snap.leases})
         self.finished |= {sid for sid, row in rows.items() if row.finished}
         readable = [sid for sid in sorted(self.shards)
-                    if sid not in self.finished and self._parents_done(self.shards[sid], rows)]
+                    if sid not in self.finished and self.parents_done(self.shards[sid], rows)]
         return TableView(rows, [i.owner for i in snap.instances], readable, self._clock())
 
     def _this_incarnation(self, rows: dict[str, Lease]) -> dict[str, Lease]:
@@ -162,7 +162,9 @@ class LeasePoll:
             current[shard_id] = row
         return current
 
-    def _parents_done(self, shard: ShardInfo, rows: dict[str, Lease]) -> bool:
+    def parents_done(self, shard: ShardInfo, rows: dict[str, Lease]) -> bool:
+        """Whether ``shard`` may be read given the table's ``rows``: it was read before (a
+        checkpoint on its own row), or every parent still listed is at ``SHARD_END``."""
         own = rows.get(shard.shard_id)
         if own is not None and own.checkpoint is not None:
             return True  # read before, so its parents were done (KCL deletes a finished parent's lease)

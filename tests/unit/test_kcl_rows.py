@@ -235,10 +235,10 @@ def test_a_child_read_before_needs_no_parent_lease() -> None:
                            lease_duration_s=1.0, renew_interval_s=0.2, launcher=lambda _: None,
                            kinesis=FakeKinesis(0))
     parent, child = ShardInfo("shardId-000000000000"), ShardInfo(SHARD, parent_shard_ids=("shardId-000000000000",))
-    core._shards = {parent.shard_id: parent, child.shard_id: child}
-    assert not core._parents_done(child, {})
-    assert not core._parents_done(child, {SHARD: Lease("s", SHARD, None, 1, start_position="TRIM_HORIZON")})
-    assert core._parents_done(child, {SHARD: Lease("s", SHARD, None, 4, checkpoint=SEQ)})
+    core.leases.shards = {parent.shard_id: parent, child.shard_id: child}
+    assert not core.leases.parents_done(child, {})
+    assert not core.leases.parents_done(child, {SHARD: Lease("s", SHARD, None, 1, start_position="TRIM_HORIZON")})
+    assert core.leases.parents_done(child, {SHARD: Lease("s", SHARD, None, 4, checkpoint=SEQ)})
 
 
 def test_a_live_kcl_worker_fails_the_subscription() -> None:
