@@ -72,10 +72,11 @@ import logging
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from .aws import AwsSettings
+from .batch import payload_bytes
 from .config import DEFAULT_MAX_SHARDS_PER_READER
 from .errors import InvalidError, KinesisError, LeaseLostError, SinkError
 from .fanout import FANOUT_EVENT_RESERVE_BYTES, FanOutFetcher
@@ -200,7 +201,7 @@ class ReaderSpec:
                    0.5 * self.lease_duration_s)
 
 
-Deliver = Callable[[list[Record]], Awaitable[Any]]
+Deliver = Callable[[Sequence[Record]], Awaitable[Any]]
 
 
 class CallLimit:
@@ -328,8 +329,8 @@ class ByteBudget:
     max_response``: the budget plus one response, whatever the number of shards
     (compare KCL's ``maxByteSize``, which bounds each shard's prefetch queue instead).
 
-    Bytes are counted as :func:`~kinesis_actors.kinesis.record_bytes` (payload and
-    partition key), not Python object overhead.
+    Bytes are counted as ``Fetched.bytes``: what each fetched batch's buffers hold
+    (:attr:`~kinesis_actors.batch.RecordBatch.nbytes`).
 
     Args:
         limit: the budget, bytes (> 0).
@@ -849,7 +850,7 @@ class ShardConsumer:
             lag = max(int(lag or 0), age) if lag else age
         self.stats["millis_behind_latest"] = lag
 
-    async def _deliver_and_checkpoint(self, batch: list[Record]) -> None:
+    async def _deliver_and_checkpoint(self, batch: Sequence[Record]) -> None:
         if not batch:
             return
         await self._confirm_lease()
@@ -858,7 +859,7 @@ class ShardConsumer:
         await self._checkpoint(last.sequence_number, last.sub_sequence_number)
         self.stats["checkpoint"] = last.sequence_number
         self.stats["records"] += len(batch)
-        self.stats["bytes"] += sum(len(r.data) for r in batch)
+        self.stats["bytes"] += payload_bytes(batch)
         self.stats["batches"] += 1
 
     async def _confirm_lease(self) -> None:
@@ -923,7 +924,7 @@ class ShardConsumer:
             if not task.done():
                 task.cancel()
 
-    async def _deliver_with_retries(self, batch: list[Record]) -> None:
+    async def _deliver_with_retries(self, batch: Sequence[Record]) -> None:
         attempt = 0
         while True:
             try:
