@@ -186,6 +186,7 @@ def product(ctx: Any, stream: str, expect: int, sample_uss: bool, max_records: i
     return {"readers": readers, "records": summary["n"], "bytes": summary["bytes"], "t0": t0, "t_sub": t_sub,
             "events": [tuple(e) for e in summary["log"]], "cpu_s": total, "cpu_by_process": per_title,
             "cpu_after_start_s": after_start, "bytes_after_start": summary["bytes"] - mid_bytes,
+            "cpu_after_start_by_process": cpu_delta(mid, after),
             "emulator_cpu_s": emu_cpu, "uss_peak": peak, "get_records_calls": sum(calls)}
 
 

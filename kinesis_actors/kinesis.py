@@ -335,7 +335,7 @@ class ShardFetcher(ShardPosition):
       thus costs at most ``1 / max_idle_wait_s`` calls per second.
 
     ``GetRecords`` goes through :class:`~kinesis_actors.wire.WireGetRecords` (urllib3 and
-    orjson, botocore signing and errors) when the client is a botocore client it applies
+    msgspec, botocore signing and errors) when the client is a botocore client it applies
     to (:func:`~kinesis_actors.wire.wire_get_records`), else through
     ``client.get_records``; both give the same records and the same errors.
 

@@ -12,12 +12,15 @@ parsed with :func:`loads` and turned straight into a
 (botocore builds a ``datetime`` per record, 20-24 % of a reader's CPU in the profile of
 ``bench/read_path.py``).
 
-The parser is orjson. ``python -m bench.read_path parse`` (one ``GetRecords`` body of
-2,000 x 1 KiB records; bench/read_path.json) measured 0.0302 CPU s/MB for botocore's parser,
-0.0058 for ``orjson.loads`` + ``a2b_base64`` and 0.0072 for ``msgspec.json.decode``
-(untyped) + ``a2b_base64``; msgspec with a typed ``Struct`` schema is close to orjson, but
-needs the schema kept in step with the API and gains nothing here. orjson wins, and it
-also decodes the fan-out frames' JSON payloads.
+The parser is msgspec's untyped JSON decoder (``msgspec.json.Decoder()``).
+``python -m bench.read_path parse`` (one ``GetRecords`` body of 2,000 x 1 KiB random
+records, CPU s per MB of payload; the figures are in bench/read_path.json) measured the
+JSON parse alone at 0.00091 for msgspec, 0.00199 for ``orjson.loads`` and 0.0236 for
+botocore's parser (with its base64 and datetimes); with ``a2b_base64`` per record,
+msgspec 0.0043 and orjson 0.0054. A typed msgspec ``Struct`` parses a little faster still
+(0.00076), but its schema would have to follow the API's shapes (and the fan-out
+events'), for about 3 % of the whole path. The fan-out frames' JSON payloads and the
+request bodies go through the same decoder and encoder.
 
 botocore's client event hooks still run around each call (``before-parameter-build``,
 ``before-send`` (a handler may answer instead of the network, as botocore's stubs and
@@ -66,19 +69,23 @@ _TARGET = "Kinesis_20131202.GetRecords"
 _CONTENT_TYPE = "application/x-amz-json-1.1"
 
 try:
-    import orjson as _orjson
+    import msgspec as _msgspec
 except ImportError:  # pragma: no cover - a declared dependency
-    _orjson = None  # type: ignore[assignment]
+    _decode: Any = None
+    _encode: Any = None
+else:
+    _decode = _msgspec.json.Decoder().decode
+    _encode = _msgspec.json.Encoder().encode
 
 
 def loads(body: bytes | str) -> Any:
-    """Parse a JSON document (orjson; the stdlib's ``json`` where orjson is missing).
+    """Parse a JSON document (msgspec; the stdlib's ``json`` where msgspec is missing).
 
     Raises:
-        ValueError: not JSON (``orjson.JSONDecodeError`` is a ``ValueError``).
+        ValueError: not JSON (``msgspec.DecodeError`` is a ``ValueError``).
     """
-    if _orjson is not None:
-        return _orjson.loads(body)
+    if _decode is not None:
+        return _decode(body)
     import json
 
     return json.loads(body)
@@ -236,8 +243,8 @@ class WireGetRecords:
 
 
 def _dumps(params: dict[str, Any]) -> bytes:
-    if _orjson is not None:
-        return _orjson.dumps(params)
+    if _encode is not None:
+        return _encode(params)  # type: ignore[no-any-return]
     import json
 
     return json.dumps(params).encode()
@@ -250,9 +257,9 @@ _BY_CLIENT: weakref.WeakKeyDictionary[Any, WireGetRecords | None] = weakref.Weak
 def wire_get_records(client: Any) -> WireGetRecords | None:
     """The fast ``GetRecords`` of a boto3 Kinesis client (one per client, kept while the
     client lives), or None where it does not apply: not a botocore client, a proxy
-    configured (``Config(proxies=...)``, ``HTTPS_PROXY``/``HTTP_PROXY``), orjson missing, or
+    configured (``Config(proxies=...)``, ``HTTPS_PROXY``/``HTTP_PROXY``), msgspec missing, or
     :data:`DISABLE_ENV` set. Callers then use ``client.get_records``."""
-    if os.environ.get(DISABLE_ENV, "") not in ("", "0") or _orjson is None:
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0") or _decode is None:
         return None
     meta = getattr(client, "meta", None)
     if meta is None or getattr(client, "_request_signer", None) is None \
