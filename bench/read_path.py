@@ -15,6 +15,9 @@
   ``ActorMethod.remote`` does with it), ``checkpoint`` (one ``DynamoLeaseStore.checkpoint``
   per batch), and on the sink's side ``sink_receive`` (unpickling) and
   ``sink_iterate`` (reading every record's ``data``: the lazy Records built).
+* ``profile``: py-spy at 50 Hz over one ``breakdown`` drain of each path: the share of
+  the drain's samples in botocore's parser (``parse_timestamp``, base64), Record
+  building, the fast path, pickling, the checkpoint, HTTP and signing.
 * ``ray``: the throughput section's product run (a Coordinator, its ShardReaders and a
   counting sink in Ray) beside raw boto3 (one thread) in the same run: CPU per MB of the
   ShardReaders + Coordinator counted from ``subscribe()`` returning, and of the sink.
@@ -29,6 +32,7 @@ import base64
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -67,6 +71,7 @@ def parse_figures(reps: int = 7) -> dict[str, Any]:
     import msgspec
     import orjson
     from botocore.parsers import create_parser
+    from pybase64 import b64decode as pyb64
 
     from kinesis_actors.records import records_from_response
     from kinesis_actors.wire import batch_from_json_records
@@ -92,7 +97,8 @@ def parse_figures(reps: int = 7) -> dict[str, Any]:
         "orjson_and_a2b_base64": lambda: [a2b(r["Data"]) for r in orjson.loads(body)["Records"]],
         "msgspec_untyped_and_a2b_base64": lambda: [a2b(r["Data"]) for r in untyped.decode(body)["Records"]],
         "msgspec_typed_and_a2b_base64": lambda: [a2b(r.Data) for r in typed.decode(body).Records],
-        "fast_path_batch (msgspec, a2b_base64, RecordBatch)": lambda: batch_from_json_records(
+        "msgspec_untyped_and_pybase64": lambda: [pyb64(r["Data"], validate=True) for r in untyped.decode(body)["Records"]],
+        "fast_path_batch (msgspec, pybase64, RecordBatch)": lambda: batch_from_json_records(
             untyped.decode(body)["Records"], shard_id="s", stream="x"),
     }
     cases.update({"orjson_loads_only": lambda: orjson.loads(body), "msgspec_untyped_only": lambda: untyped.decode(body),
@@ -178,7 +184,8 @@ def _drain(endpoint: str, stream: str, shard_ids: list[str], expect: int, mode: 
     return {"records": n, "bytes": nbytes, "cpu_s": phases.cpu}
 
 
-def breakdown(endpoint: str, stream: str, shard_ids: list[str], per_shard: int, *, rounds: int = 2) -> dict[str, Any]:
+def breakdown(endpoint: str, stream: str, shard_ids: list[str], per_shard: int, *, rounds: int = 2,
+              modes: tuple[str, ...] = ("before", "after")) -> dict[str, Any]:
     """CPU s/MB per phase, before and after, the minimum over ``rounds`` interleaved rounds."""
     from kinesis_actors import DynamoLeaseStore
     from kinesis_actors.aws import AwsSettings
@@ -187,7 +194,7 @@ def breakdown(endpoint: str, stream: str, shard_ids: list[str], per_shard: int, 
                              test_credentials=True).bind(AwsSettings(endpoint=endpoint, test_credentials=True)).open()
     best: dict[str, dict[str, float]] = {}
     for r in range(rounds):
-        for mode in (("before", "after") if r % 2 == 0 else ("after", "before")):
+        for mode in (modes if r % 2 == 0 else modes[::-1]):
             out = _drain(endpoint, stream, shard_ids, per_shard, mode, store)
             mb = out["bytes"] / MB
             per_mb = {phase: cpu / mb for phase, cpu in out["cpu_s"].items()}
@@ -195,6 +202,8 @@ def breakdown(endpoint: str, stream: str, shard_ids: list[str], per_shard: int, 
             for phase, v in per_mb.items():
                 mine[phase] = round(min(mine.get(phase, v), v), 5)
     for figures in best.values():
+        if "parse" not in figures:
+            continue
         figures["reader_total (parse+build+deliver+checkpoint)"] = round(
             sum(figures[p] for p in ("parse", "build", "deliver", "checkpoint")), 5)
     return {"cpu_s_per_mb": best, "records_per_shard": per_shard, "shards": len(shard_ids), "rounds": rounds}
@@ -241,12 +250,56 @@ def ray_figures(endpoint: str, emulator_pid: int, stream: str, shard_ids: list[s
             "all": {"raw": raw, "readers_and_coordinator": ours, "sink": sink}}
 
 
+_PROFILE_PARTS = {  # a sample counts for each part one of its frames matches (a regular expression)
+    "botocore response parser": "botocore/parsers.py",
+    "  of it parse_timestamp": "parse_timestamp",
+    "  of it base64": "b64decode",
+    "Record objects (records_from_response)": "records_from_response",
+    "fast path: sign + send + msgspec (wire.call)": r"call \([^)]*kinesis_actors/wire\.py",
+    "fast path: RecordBatch build": "batch_from_json_records",
+    "pickling the batch for the sink (deliver)": "cloudpickle",
+    "checkpoint (DynamoLeaseStore)": "leases/dynamodb.py",
+    "sink side: unpickling + reading records": "pickle.loads",
+    "HTTP (urllib3, http.client)": "urllib3/",
+    "SigV4 signing": "botocore/auth.py",
+}
+
+
+def profile(mode: str, records: int, rate: int = 50) -> dict[str, Any]:
+    """py-spy (``rate`` Hz) over a ``breakdown`` run of one mode: share of the samples
+    inside ``_drain`` that fall in each part of :data:`_PROFILE_PARTS`."""
+    import shutil
+    import tempfile
+
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = os.path.join(tmp, "stacks.txt")
+        subprocess.run([spy, "record", "-r", str(rate), "-f", "raw", "-o", raw, "--", sys.executable, "-m",
+                        "bench.read_path", "breakdown", "--mode", mode, "--rounds", "1", "--records", str(records),
+                        "--out", os.path.join(tmp, "out.json")], check=True, cwd=os.path.dirname(HERE),
+                       capture_output=True)
+        counts = dict.fromkeys(_PROFILE_PARTS, 0)
+        total = 0
+        with open(raw, encoding="utf-8") as f:
+            for line in f:
+                stack, _, n = line.rstrip().rpartition(" ")
+                if "_drain (" not in stack:
+                    continue
+                total += int(n)
+                for part, needle in _PROFILE_PARTS.items():
+                    if re.search(needle, stack):
+                        counts[part] += int(n)
+    return {"samples_in_drain": total, "rate_hz": rate,
+            "share": {part: round(c / total, 3) if total else None for part, c in counts.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.read_path", description=__doc__.split("\n\n")[0])
-    ap.add_argument("sections", nargs="*", default=["parse", "breakdown"], help="parse, breakdown, ray")
+    ap.add_argument("sections", nargs="*", default=["parse", "breakdown"], help="parse, breakdown, profile, ray")
     ap.add_argument("--records", type=int, default=10_000, help="records per shard (4 shards of 1 KiB)")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--mode", default="both", choices=("before", "after", "both"), help="breakdown: which path")
     ap.add_argument("--label", default="", help="a name for this run in the JSON (e.g. before/after)")
     ap.add_argument("--out", default=os.path.join(HERE, "read_path.json"))
     a = ap.parse_args(argv)
@@ -258,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     if "parse" in a.sections:
         result["parse_cpu_s_per_mb"] = parse_figures(a.reps)
         print(json.dumps(result["parse_cpu_s_per_mb"], indent=1))
+    if "profile" in a.sections:
+        result["profile"] = {mode: profile(mode, a.records) for mode in ("before", "after")}
+        print(json.dumps(result["profile"], indent=1))
     if "breakdown" in a.sections or "ray" in a.sections:
         from kinesis_actors.emulator import Emulator
 
@@ -269,15 +325,26 @@ def main(argv: list[str] | None = None) -> int:
             prefill(emu.endpoint, stream, shards, a.records, 1024)
             ids = [s["ShardId"] for s in shards]
             if "breakdown" in a.sections:
-                result["breakdown"] = breakdown(emu.endpoint, stream, ids, a.records, rounds=a.rounds)
+                modes = ("before", "after") if a.mode == "both" else (a.mode,)
+                result["breakdown"] = breakdown(emu.endpoint, stream, ids, a.records, rounds=a.rounds, modes=modes)
                 print(json.dumps(result["breakdown"], indent=1))
             if "ray" in a.sections:
                 import ray
 
-                ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False,
-                         log_to_driver=False, _node_ip_address="127.0.0.1")
+                for attempt in (1, 2, 3):  # a loaded 2-core machine sometimes times Ray's start out
+                    try:
+                        ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False,
+                                 log_to_driver=False, _node_ip_address="127.0.0.1")
+                        break
+                    except Exception:
+                        if attempt == 3:
+                            raise
+                        ray.shutdown()
                 try:
                     result["ray"] = ray_figures(emu.endpoint, emu.pid, stream, ids, a.records, rounds=a.rounds)
+                    # which checkout the Ray workers ran (PYTHONPATH selects one for a before/after pair)
+                    result["ray"]["worker_kinesis_actors"] = ray.get(ray.remote(num_cpus=0)(
+                        lambda: __import__("kinesis_actors").__file__).remote())
                 finally:
                     ray.shutdown()
                 print(json.dumps({k: v for k, v in result["ray"].items() if k != "all"}, indent=1))
