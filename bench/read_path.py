@@ -259,7 +259,8 @@ _PROFILE_PARTS = {  # a sample counts for each part one of its frames matches (a
     "fast path: RecordBatch build": "batch_from_json_records",
     "pickling the batch for the sink (deliver)": "cloudpickle",
     "checkpoint (DynamoLeaseStore)": "leases/dynamodb.py",
-    "sink side: unpickling + reading records": "pickle.loads",
+    "Record construction (records.py: unpickling a list, lazy Records)": r"kinesis_actors/records\.py",
+    "lazy Records from a batch (batch.py)": r"_record \(",
     "HTTP (urllib3, http.client)": "urllib3/",
     "SigV4 signing": "botocore/auth.py",
 }
@@ -279,18 +280,45 @@ def profile(mode: str, records: int, rate: int = 50) -> dict[str, Any]:
                         "--out", os.path.join(tmp, "out.json")], check=True, cwd=os.path.dirname(HERE),
                        capture_output=True)
         counts = dict.fromkeys(_PROFILE_PARTS, 0)
-        total = 0
+        total = own = 0
         with open(raw, encoding="utf-8") as f:
             for line in f:
                 stack, _, n = line.rstrip().rpartition(" ")
                 if "_drain (" not in stack:
                     continue
                 total += int(n)
+                if stack.endswith(")") and stack.rpartition(";")[2].startswith("_drain ("):
+                    own += int(n)
                 for part, needle in _PROFILE_PARTS.items():
                     if re.search(needle, stack):
                         counts[part] += int(n)
-    return {"samples_in_drain": total, "rate_hz": rate,
+    return {"samples_in_drain": total, "rate_hz": rate, "in_drain_itself (C calls: pickle.loads, sum...)": (
+                round(own / total, 3) if total else None),
             "share": {part: round(c / total, 3) if total else None for part, c in counts.items()}}
+
+
+def _patient_raylet_registration(wait_s: float = 180.0) -> None:
+    """Ray 2.60 gives the raylet a fixed 30 s to register with the GCS (node.py); on this
+    shared 2-core machine at load 20-30 that is often not enough. Retry the lookup for up
+    to ``wait_s`` instead (the benchmark harness only; it measures CPU after the start)."""
+    import ray._private.services as services
+
+    original = services.get_node
+    if getattr(original, "_patient", False):
+        return
+
+    def get_node(*args: Any, **kwargs: Any) -> Any:
+        end = time.monotonic() + wait_s
+        while True:
+            try:
+                return original(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.5)
+
+    get_node._patient = True  # type: ignore[attr-defined]
+    services.get_node = get_node
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,13 +359,14 @@ def main(argv: list[str] | None = None) -> int:
             if "ray" in a.sections:
                 import ray
 
-                for attempt in (1, 2, 3):  # a loaded 2-core machine sometimes times Ray's start out
+                _patient_raylet_registration()
+                for attempt in range(1, 7):  # a loaded 2-core machine sometimes times Ray's start out (30 s)
                     try:
                         ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False,
                                  log_to_driver=False, _node_ip_address="127.0.0.1")
                         break
                     except Exception:
-                        if attempt == 3:
+                        if attempt == 6:
                             raise
                         ray.shutdown()
                 try:

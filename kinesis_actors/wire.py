@@ -14,13 +14,15 @@ record) and ``ApproximateArrivalTimestamp`` stays float epoch seconds (botocore 
 
 The parser is msgspec's untyped JSON decoder (``msgspec.json.Decoder()``).
 ``python -m bench.read_path parse`` (one ``GetRecords`` body of 2,000 x 1 KiB random
-records, CPU s per MB of payload; the figures are in bench/read_path.json) measured the
-JSON parse alone at 0.00091 for msgspec, 0.00199 for ``orjson.loads`` and 0.0236 for
-botocore's parser (with its base64 and datetimes); with ``a2b_base64`` per record,
-msgspec 0.0043 and orjson 0.0054. A typed msgspec ``Struct`` parses a little faster still
-(0.00076), but its schema would have to follow the API's shapes (and the fan-out
-events'), for about 3 % of the whole path. The fan-out frames' JSON payloads and the
-request bodies go through the same decoder and encoder.
+records, CPU s per MB of payload, best of 30 round-robin rounds; bench/read_path.json,
+run "in-process: parse, breakdown, profile") measured the JSON parse alone at 0.00086
+for msgspec, 0.00214 for ``orjson.loads`` and 0.0234 for botocore's parser (with its
+base64 and datetimes). With ``a2b_base64`` per record: msgspec 0.0045, orjson 0.0056; with
+pybase64: msgspec 0.0019; this module's whole build into a ``RecordBatch``: 0.0024. A
+typed msgspec ``Struct`` parses a little faster still (0.00075), but its schema would
+have to follow the API's shapes (and the fan-out events'), for about 5 % of the whole
+path. The fan-out frames' JSON payloads and the request bodies go through the same
+decoder and encoder.
 
 botocore's client event hooks still run around each call (``before-parameter-build``,
 ``before-send`` (a handler may answer instead of the network, as botocore's stubs and
