@@ -6,6 +6,7 @@ delivery is at-least-once: a checkpoint is written only after the downstream
 acknowledged the batch. See README.md.
 """
 
+from .batch import RecordBatch
 from .broker import KinesisBroker, SeekHandle, Subscription
 from .config import KinesisStream
 from .errors import (
@@ -30,6 +31,7 @@ __all__ = [
     "Subscription",
     "SeekHandle",
     "Record",
+    "RecordBatch",
     "Publisher",
     "PutResult",
     "Lease",

@@ -40,10 +40,7 @@ of one process would then share one connection.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import datetime as _dt
-import json
 import logging
 import random
 import threading
@@ -52,11 +49,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 from .backoff import Backoff
+from .batch import RecordBatch
 from .errors import InvalidError, KinesisError, aws_error_code, is_throttling
 from .fanout_consumer import deregister_stream_consumer, ensure_stream_consumer
 from .fanout_http import EventSource, HttpSubscriber, Subscribe
-from .kinesis import Fetched, ShardPosition, record_bytes
+from .kinesis import Fetched, ShardPosition
 from .records import StartAt, seq_key
+from .wire import batch_from_json_records, loads
 
 __all__ = ["ensure_stream_consumer", "deregister_stream_consumer", "FanOutFetcher", "HttpSubscriber", "EventSource",
            "Subscribe", "SubscriptionEvent", "parse_event_payload", "MIN_SUBSCRIBE_SPACING_S",
@@ -93,33 +92,33 @@ class SubscriptionEvent:
     """One ``SubscribeToShardEvent``, decoded.
 
     Attributes:
-        records: the raw records in boto3's ``GetRecords`` shape (``Data`` bytes,
-            ``ApproximateArrivalTimestamp`` a UTC datetime).
+        records: the event's records as one batch (KPL aggregates de-aggregated).
         continuation_sequence_number: where the next subscription continues (None at shard end).
         millis_behind_latest: ``MillisBehindLatest``, ms (None if absent).
         child_shards: the ``ChildShards`` ids (set at shard end on AWS; kinesis-mock sends null).
     """
 
-    records: list[dict[str, Any]]
+    records: RecordBatch
     continuation_sequence_number: str | None
     millis_behind_latest: int | None
     child_shards: tuple[str, ...]
 
 
-def parse_event_payload(payload: bytes) -> SubscriptionEvent:
+def parse_event_payload(payload: bytes, *, shard_id: str = "", stream: str = "") -> SubscriptionEvent:
     """Decode the JSON payload of a ``SubscribeToShardEvent`` frame (blobs are base64,
-    timestamps epoch seconds, as in AWS's JSON 1.1 protocol).
+    timestamps epoch seconds, as in AWS's JSON 1.1 protocol) with the parser of
+    ``GetRecords``'s fast path (:func:`kinesis_actors.wire.loads`,
+    :func:`~kinesis_actors.wire.batch_from_json_records`).
+
+    Args:
+        payload: the frame's payload. shard_id / stream: what the records are labelled with.
 
     Raises:
         KinesisError: the payload is not the JSON of such an event.
     """
     try:
-        body = json.loads(payload)
-        records = [{**r, "Data": base64.b64decode(r.get("Data") or ""),
-                    "ApproximateArrivalTimestamp": _dt.datetime.fromtimestamp(
-                        float(r["ApproximateArrivalTimestamp"]), _dt.timezone.utc)
-                    if r.get("ApproximateArrivalTimestamp") is not None else None}
-                   for r in body.get("Records") or []]
+        body = loads(payload)
+        records = batch_from_json_records(body.get("Records") or [], shard_id=shard_id, stream=stream)
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise KinesisError(f"SubscribeToShard: an event that does not decode ({e!r:.200})") from e
     lag = body.get("MillisBehindLatest")
@@ -443,7 +442,7 @@ class FanOutFetcher(ShardPosition):
             return None
         if headers.get(":event-type") != "SubscribeToShardEvent":
             return None  # initial-response (AWS) and events this version does not know
-        event = parse_event_payload(message.payload)
+        event = parse_event_payload(message.payload, shard_id=self.shard_id, stream=self.stream)
         self.events += 1
         records = self._accept(event.records)
         self._continuation = event.continuation_sequence_number
@@ -452,4 +451,4 @@ class FanOutFetcher(ShardPosition):
         shard_end = bool(event.child_shards) or event.continuation_sequence_number is None or self._past_end(at_tip)
         if shard_end:
             self._drop()
-        return Fetched(records, lag, shard_end, at_tip, sum(record_bytes(r) for r in records))
+        return Fetched(records, lag, shard_end, at_tip, records.nbytes)

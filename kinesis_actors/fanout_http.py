@@ -5,7 +5,6 @@ its body as an :class:`EventSource` of raw event-stream bytes. Also importable f
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
@@ -15,6 +14,7 @@ from typing import Any, Protocol
 import urllib3
 
 from .errors import KinesisError
+from .wire import loads
 
 __all__ = ["EventSource", "Subscribe", "HttpSubscriber"]
 
@@ -140,7 +140,7 @@ class HttpSubscriber:
         response.close()
         pool.clear()
         try:
-            error = json.loads(body or b"{}")
+            error = loads(body or b"{}")
         except ValueError:
             error = {}
         code = str(error.get("__type") or f"HTTP{response.status}").rpartition("#")[2]

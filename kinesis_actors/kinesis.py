@@ -20,8 +20,10 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from .backoff import THROTTLE_BACKOFF, Backoff
+from .batch import RecordBatch
 from .errors import KinesisError, StreamError, aws_error_code, is_throttling, is_unreachable, translate_aws_error
 from .records import Record, StartAt, records_from_response, seq_key
+from .wire import wire_get_records
 
 __all__ = ["ShardInfo", "describe_stream", "ensure_stream", "list_shards", "call_with_retry", "ShardFetcher",
            "Fetched", "MIN_CALL_SPACING_S", "GET_RECORDS_MAX_BYTES", "record_bytes", "backoff_s",
@@ -226,16 +228,19 @@ class Fetched:
 
     Attributes:
         records: the user records in shard order (KPL aggregates split), without those at
-            or before the position the iterator was opened after.
+            or before the position the iterator was opened after, as one compact
+            :class:`~kinesis_actors.batch.RecordBatch` (a ``Sequence[Record]``).
         millis_behind_latest: ``MillisBehindLatest`` of the response, ms (None if absent).
         shard_end: the shard is read to its end: ``NextShardIterator`` was null, or a closed
             shard's ``EndingSequenceNumber`` was reached (moto never returns null).
         at_tip: the response was empty with ``MillisBehindLatest`` 0 (or absent): nothing
             more to read now.
-        bytes: :func:`record_bytes` summed over ``records``.
+        bytes: what ``records`` holds, bytes (:attr:`RecordBatch.nbytes
+            <kinesis_actors.batch.RecordBatch.nbytes>`: payloads, keys, sequence numbers,
+            offsets, arrival times): what a byte budget counts.
     """
 
-    records: list[Record]
+    records: RecordBatch
     millis_behind_latest: int | None
     shard_end: bool
     at_tip: bool
@@ -282,13 +287,18 @@ class ShardPosition:
         else:
             self._skip_through = None
 
-    def _accept(self, raw: list[dict[str, Any]]) -> list[Record]:
-        """The user records of one answer (``Records`` of ``GetRecords`` or of an event), minus
-        those already returned; the last one becomes the resume point."""
-        records = records_from_response(raw, shard_id=self.shard_id, stream=self.stream)
+    def _accept(self, raw: list[dict[str, Any]] | RecordBatch) -> RecordBatch:
+        """The user records of one answer (``Records`` of ``GetRecords`` or of an event, as
+        botocore's dicts or already a batch), minus those already returned; the last one
+        becomes the resume point."""
+        if isinstance(raw, RecordBatch):
+            records = raw
+        else:
+            records = RecordBatch.from_records(records_from_response(raw, shard_id=self.shard_id, stream=self.stream),
+                                               shard_id=self.shard_id, stream=self.stream)
         if self._skip_through is not None and records:
             skip, self._skip_through = self._skip_through, None
-            records = [r for r in records if r.position > skip]
+            records = records.after(skip)
         if records:
             self._last = records[-1]
         self._start = self._restart
@@ -337,8 +347,14 @@ class ShardFetcher(ShardPosition):
       ``max_idle_wait_s``, and the first records bring it back to zero. An idle shard
       thus costs at most ``1 / max_idle_wait_s`` calls per second.
 
+    ``GetRecords`` goes through :class:`~kinesis_actors.wire.WireGetRecords` (urllib3 and
+    msgspec, botocore signing and errors) when the client is a botocore client it applies
+    to (:func:`~kinesis_actors.wire.wire_get_records`), else through
+    ``client.get_records``; both give the same records and the same errors.
+
     Args:
-        client: a boto3 Kinesis client; called from whichever thread calls :meth:`step`.
+        client: a boto3 Kinesis client (or a fake with ``get_records``); called from
+            whichever thread calls :meth:`step`.
         stream: the stream name. shard_id: the shard.
         start: where to open when no record was returned yet.
         restart_at: where to reopen when the first iterator expires before any record was
@@ -361,6 +377,7 @@ class ShardFetcher(ShardPosition):
                  rng: Callable[[], float] = random.random) -> None:
         super().__init__(stream, shard_id, start, restart_at, ending_sequence_number)
         self.client = client
+        self._wire = wire_get_records(client)
         self.max_records = max_records
         self.idle_wait_s = idle_wait_s
         self.max_idle_wait_s = max(idle_wait_s, max_idle_wait_s)
@@ -463,7 +480,11 @@ class ShardFetcher(ShardPosition):
         self._next_call_at = self._clock() + MIN_CALL_SPACING_S
         self.get_records_calls += 1
         try:
-            response = self.client.get_records(ShardIterator=self._iterator, Limit=self.max_records)
+            if self._wire is not None:
+                response = self._wire.call(self._iterator, self.max_records, shard_id=self.shard_id,
+                                           stream=self.stream)
+            else:
+                response = self.client.get_records(ShardIterator=self._iterator, Limit=self.max_records)
         except Exception as e:
             if _is_expired_iterator(e):
                 self.expired_iterators += 1
@@ -487,5 +508,4 @@ class ShardFetcher(ShardPosition):
             self._next_call_at = max(self._next_call_at, self._clock() + wait)
         else:
             self._idle = 0
-        return Fetched(records, None if lag is None else int(lag), shard_end, at_tip,
-                       sum(record_bytes(r) for r in records))
+        return Fetched(records, None if lag is None else int(lag), shard_end, at_tip, records.nbytes)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .aws import AwsSettings
@@ -155,8 +155,9 @@ class Subscription:
                                "this subscription pushes to a sink")
         return self._queue
 
-    def next_batch(self, timeout_s: float = 5.0) -> list[Record]:
-        """The next batch (records of one shard, in sequence order), or ``[]`` after ``timeout_s``.
+    def next_batch(self, timeout_s: float = 5.0) -> Sequence[Record]:
+        """The next batch (records of one shard, in sequence order: a compact
+        :class:`~kinesis_actors.batch.RecordBatch`, a ``Sequence[Record]``), or ``[]`` after ``timeout_s``.
 
         Asking for the next batch acknowledges the previous one (its checkpoint is then
         written); a ``[]`` acknowledges nothing.
@@ -177,7 +178,7 @@ class Subscription:
             raise _unwrap(e) from None
         return self._received(batch)
 
-    def _received(self, batch: list[Record] | None) -> list[Record]:
+    def _received(self, batch: Sequence[Record] | None) -> Sequence[Record]:
         """The batch the queue handed over, or ``[]`` after raising the parked error, if any."""
         if batch is None:
             self._raise_parked()
@@ -190,14 +191,14 @@ class Subscription:
 
         ray.get(self._require_pull().ack.remote(), timeout=_RAY_CALL_TIMEOUT_S)
 
-    def __iter__(self) -> Iterator[list[Record]]:
+    def __iter__(self) -> Iterator[Sequence[Record]]:
         """Blocking iteration over batches until the subscription closes (raises its error)."""
         while not self._closed:
             batch = self.next_batch(timeout_s=1.0)
             if batch:
                 yield batch
 
-    async def next_batch_async(self, timeout_s: float = 5.0) -> list[Record]:
+    async def next_batch_async(self, timeout_s: float = 5.0) -> Sequence[Record]:
         """The asyncio twin of :meth:`next_batch`."""
         queue = self._require_pull()
         if self._closed:
@@ -208,7 +209,7 @@ class Subscription:
             raise _unwrap(e) from None
         return self._received(batch)
 
-    async def __aiter__(self) -> AsyncIterator[list[Record]]:
+    async def __aiter__(self) -> AsyncIterator[Sequence[Record]]:
         while not self._closed:
             batch = await self.next_batch_async(timeout_s=1.0)
             if batch:

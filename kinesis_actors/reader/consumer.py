@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..batch import payload_bytes
 from ..errors import KinesisError, LeaseLostError
 from ..kinesis import Fetched
 from ..leases.protocol import SHARD_END, Lease, LeaseStore
@@ -391,7 +392,7 @@ class ShardConsumer:
         await self.keeper.checkpoint(last.sequence_number, last.sub_sequence_number, self.delivery.sleep_alive)
         self.stats["checkpoint"] = last.sequence_number
         self.stats["records"] += len(done)
-        self.stats["bytes"] += sum(len(r.data) for r in done)
+        self.stats["bytes"] += payload_bytes(done)
         self.stats["batches"] += 1
 
     # ---------------------------------------------------------------- control

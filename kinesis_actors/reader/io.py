@@ -200,8 +200,8 @@ class ByteBudget:
     max_response``: the budget plus one response, whatever the number of shards
     (compare KCL's ``maxByteSize``, which bounds each shard's prefetch queue instead).
 
-    Bytes are counted as :func:`~kinesis_actors.kinesis.record_bytes` (payload and
-    partition key), not Python object overhead.
+    Bytes are counted as ``Fetched.bytes``: what each fetched batch's buffers hold
+    (:attr:`~kinesis_actors.batch.RecordBatch.nbytes`).
 
     Args:
         limit: the budget, bytes (> 0).

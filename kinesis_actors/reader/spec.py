@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ..records import Record, StartAt
@@ -67,7 +67,7 @@ class ReaderSpec:
                    0.5 * self.lease_duration_s)
 
 
-Deliver = Callable[[list[Record]], Awaitable[Any]]
+Deliver = Callable[[Sequence[Record]], Awaitable[Any]]
 """``async deliver(records)``: returning acknowledges the batch, raising is a failure."""
 
 Sleep = Callable[[float], Awaitable[Any]]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 from ..records import Record
@@ -28,7 +29,7 @@ class PullQueueCore:
     """
 
     def __init__(self) -> None:
-        self._waiting: collections.deque[tuple[int, list[Record], asyncio.Future[None]]] = collections.deque()
+        self._waiting: collections.deque[tuple[int, Sequence[Record], asyncio.Future[None]]] = collections.deque()
         self._current: tuple[int, asyncio.Future[None]] | None = None
         self._ids = itertools.count(1)
         self._changed: asyncio.Event | None = None
@@ -39,8 +40,9 @@ class PullQueueCore:
             self._changed = asyncio.Event()
         return self._changed
 
-    async def process_batch(self, records: list[Record]) -> None:
-        """Called by a reader: queue ``records`` (one shard's batch) and return once the driver
+    async def process_batch(self, records: Sequence[Record]) -> None:
+        """Called by a reader: queue ``records`` (one shard's batch: a compact
+        :class:`~kinesis_actors.batch.RecordBatch`, passed on as it is) and return once the driver
         acknowledges it (``next`` or ``ack``).
 
         A reader that stops or loses its lease cancels the call (``ray.cancel``, through
@@ -70,7 +72,7 @@ class PullQueueCore:
             current[1].set_result(None)
         return True
 
-    async def next(self, timeout_s: float, ack_previous: bool = True) -> list[Record] | None:
+    async def next(self, timeout_s: float, ack_previous: bool = True) -> Sequence[Record] | None:
         """Called by the driver: acknowledge the batch handed out before (if ``ack_previous``),
         then return the next batch, or None after ``timeout_s`` seconds.
 

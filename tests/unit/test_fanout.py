@@ -56,8 +56,8 @@ def test_frames_decode_with_botocore_and_payloads_become_records() -> None:
     buffer.add_data(frame)
     (message,) = list(buffer)
     event = parse_event_payload(message.payload)
-    assert event.records[0]["Data"] == b"x0" and event.continuation_sequence_number == "7"
-    assert event.child_shards == () and event.records[0]["ApproximateArrivalTimestamp"].year == 2026
+    assert event.records[0].data == b"x0" and event.continuation_sequence_number == "7"
+    assert event.child_shards == () and event.records[0].approximate_arrival_timestamp.year == 2026
 
 
 def test_subscription_is_renewed_before_five_minutes_from_the_last_continuation() -> None:
