@@ -59,9 +59,9 @@ class Instance:
         instance = self
 
         class CountingCore(ShardReaderCore):
-            async def add(self, spec: ReaderSpec, lease: Any) -> Any:
+            async def add(self, spec: ReaderSpec, lease: Any, *, lease_age_s: float | None = None) -> Any:
                 instance.adds[spec.shard_id] += 1
-                return await super().add(spec, lease)
+                return await super().add(spec, lease, lease_age_s=lease_age_s)
 
         def launch(_: int) -> LocalReader:
             if self.fail_starts > 0:
@@ -266,9 +266,9 @@ def test_a_lease_poll_during_a_slow_rehome_never_takes_the_shard_twice() -> None
         for reader in inst.readers:  # every open from now on is slow: several polls pass meanwhile
             original = reader.core.add
 
-            async def slow_add(spec: Any, lease: Any, original: Any = original) -> Any:
+            async def slow_add(spec: Any, lease: Any, original: Any = original, **kw: Any) -> Any:
                 await asyncio.sleep(5 * POLL_S)
-                return await original(spec, lease)
+                return await original(spec, lease, **kw)
 
             reader.core.add = slow_add  # type: ignore[method-assign]
         victim = inst.live_readers()[0]
