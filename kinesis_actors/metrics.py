@@ -30,8 +30,9 @@ name                                        kind     tags                       
 ``millis_behind_latest`` is the reader's figure: ``MillisBehindLatest`` of the last
 ``GetRecords``, raised to the age of its newest record against the current time (some
 emulators report 0 or a gap between records). ``checkpoint_age_s`` counts from the
-reader's last checkpoint write (or from its start); it grows on an idle shard too, so
-alert on it together with the lag.
+reader's last checkpoint write (or from its start, for a checkpoint read from the lease
+row); it is ``None`` (not exported) for a shard with no checkpoint yet. It grows on an
+idle shard too, so alert on it together with the lag (``cluster/prometheus/alerts.yaml``).
 
 :func:`checkpoint_lag_ms` computes a shard's lag from a lease row's checkpoint alone
 (for a lease-table view such as ``kinesis-actors leases``).
@@ -74,7 +75,7 @@ _DESCRIPTIONS = {
     "get_records_calls": "GetRecords calls, per shard.",
     "throttles": "Throttled Kinesis calls (ProvisionedThroughputExceeded, LimitExceeded), per shard.",
     "millis_behind_latest": "MillisBehindLatest of the last GetRecords, at least the age of its newest record (ms).",
-    "checkpoint_age_s": "Seconds since the reader last wrote a checkpoint (or started).",
+    "checkpoint_age_s": "Seconds since the reader last wrote a checkpoint (or started); absent without a checkpoint.",
     "leases_held": "Shard leases this instance holds (running readers).",
     "leases_taken": "Shard leases this instance took.",
     "leases_lost": "Shard leases this instance lost to another owner or to expiry.",
@@ -194,7 +195,8 @@ def reader_tick(spec: Any, stats: dict[str, Any], *, now: float | None = None, f
                                               checkpoint_since=now)
         if stats.get("checkpoint") != state.checkpoint:
             state.checkpoint, state.checkpoint_since = stats.get("checkpoint"), now
-        stats["checkpoint_age_s"] = round(now - state.checkpoint_since, 3)
+        # No checkpoint yet (a fresh shard, after a seek): no age, so an age alert never fires on it.
+        stats["checkpoint_age_s"] = None if state.checkpoint is None else round(now - state.checkpoint_since, 3)
         if not force and now - state.exported_at < EXPORT_INTERVAL_S:
             return
         sink = _sink()

@@ -172,6 +172,8 @@ class ReaderSpec:
         dead_letter: a Publisher for batches the sink refused, or None.
         consumer_arn: the registered stream consumer for enhanced fan-out
             (``retrieval="fanout"``); None reads with ``GetRecords``.
+        min_checkpoint_interval_s: shortest gap between two checkpoint writes, seconds
+            (``KinesisStream.min_checkpoint_interval_s``); 0 checkpoints every acknowledged batch.
     """
 
     stream: str
@@ -187,6 +189,7 @@ class ReaderSpec:
     max_sink_retries: int = 5
     dead_letter: Any = None
     consumer_arn: str | None = None
+    min_checkpoint_interval_s: float = 0.0
 
     @property
     def call_timeout_s(self) -> float:
@@ -450,6 +453,9 @@ class ShardConsumer:
         self._fetcher: ShardFetcher | FanOutFetcher | None = None
         self._held_bytes = 0  # budget bytes of records fetched and not yet acknowledged
         self._seek_to: StartAt | None = None
+        # Acknowledged but not yet checkpointed (min_checkpoint_interval_s > 0): (sequence, sub-sequence).
+        self._pending_checkpoint: tuple[str, int | None] | None = None
+        self._checkpointed_at = float("-inf")  # monotonic s of the last checkpoint write
         self._shutdown_begun = False
         self._task: asyncio.Task[Any] | None = None
         self._renew_task: asyncio.Task[None] | None = None
@@ -457,6 +463,7 @@ class ShardConsumer:
             "shard_id": spec.shard_id, "records": 0, "bytes": 0, "batches": 0, "get_records_calls": 0,
             "throttles": 0, "expired_iterators": 0, "sink_failures": 0, "millis_behind_latest": None,
             "checkpoint": lease.checkpoint, "lease_counter": lease.counter, "state": self.state.value,
+            "checkpoints_written": 0,
         }
         if spec.consumer_arn:
             self.stats.update(retrieval="fanout", subscriptions=0, subscription_renewals=0, subscription_drops=0,
@@ -680,6 +687,7 @@ class ShardConsumer:
                 return
             if self._seek_to is not None:
                 await self._apply_seek()
+            await self._flush_checkpoint(due_only=True)
             got = await self._fetch()
             if got is None:
                 continue
@@ -769,6 +777,7 @@ class ShardConsumer:
         self._held_bytes -= nbytes
 
     async def _shard_end(self) -> None:
+        self._pending_checkpoint = None  # SHARD_END is past every acknowledged record
         await self._write("checkpoint SHARD_END", lambda lease: self._store.checkpoint(lease, SHARD_END))
         self.stats["checkpoint"] = SHARD_END
         await self._write("release", lambda lease: self._store.release(lease))
@@ -779,6 +788,14 @@ class ShardConsumer:
     async def _shut_down(self) -> None:
         """Hand the lease to the asker, or release it (unless asked to keep it)."""
         self._shutdown_begun = True
+        if not self._lost:  # close and handoff: the acknowledged records are checkpointed first
+            try:
+                await self._flush_checkpoint()
+            except LeaseLostError:
+                self._to(ConsumerState.LOST)
+                return
+            except KinesisError as e:
+                log.warning("shard %s: the last checkpoint failed (%s)", self.spec.shard_id, e)
         if not self._release_on_stop or self._lost:
             self._to(ConsumerState.CLOSED)
             return
@@ -805,6 +822,7 @@ class ShardConsumer:
     async def _release_after_failure(self) -> None:
         try:
             if not self._lost:
+                await self._flush_checkpoint()
                 await self._write("release", lambda lease: self._store.release(lease))
         except Exception as e:
             log.info("shard %s: release after the failure did not happen (%r); the lease will expire",
@@ -855,8 +873,8 @@ class ShardConsumer:
         await self._confirm_lease()
         await self._deliver_with_retries(batch)
         last = batch[-1]
-        await self._checkpoint(last.sequence_number, last.sub_sequence_number)
-        self.stats["checkpoint"] = last.sequence_number
+        self._pending_checkpoint = (last.sequence_number, last.sub_sequence_number)
+        await self._flush_checkpoint(due_only=True)
         self.stats["records"] += len(batch)
         self.stats["bytes"] += sum(len(r.data) for r in batch)
         self.stats["batches"] += 1
@@ -879,6 +897,22 @@ class ShardConsumer:
         except Exception as e:
             self._mark_lost(f"lease in doubt and the store unreachable ({e!r:.200})")
             raise LeaseLostError(f"lease {self._lease.key} in doubt; not delivering") from e
+
+    async def _flush_checkpoint(self, *, due_only: bool = False) -> None:
+        """Write the checkpoint of the last acknowledged record, if not written yet. With
+        ``due_only``, only once ``min_checkpoint_interval_s`` passed since the last write
+        (always, when it is 0). Raises as :meth:`_checkpoint`."""
+        pending = self._pending_checkpoint
+        if pending is None:
+            return
+        if due_only and self._clock() - self._checkpointed_at < self.spec.min_checkpoint_interval_s:
+            return
+        await self._checkpoint(*pending)
+        self._checkpointed_at = self._clock()
+        if self._pending_checkpoint == pending:
+            self._pending_checkpoint = None
+        self.stats["checkpoint"] = pending[0]
+        self.stats["checkpoints_written"] += 1
 
     async def _checkpoint(self, sequence_number: str, sub_sequence: int | None) -> None:
         """Write the checkpoint of an acknowledged batch. A transient store error (throttled,
@@ -1024,6 +1058,7 @@ class ShardConsumer:
         position, self._seek_to = self._seek_to, None
         assert position is not None and self._fetcher is not None
         await self._write("seek", lambda lease: self._store.set_start_position(lease, position.to_str()))
+        self._pending_checkpoint = None
         self.stats["checkpoint"] = None
         self._fetcher.seek(position)
         log.info("shard %s: seek to %s", self.spec.shard_id, position)
@@ -1180,7 +1215,8 @@ class ShardReaderCore:
 
         Shard figures: records, bytes, batches, get_records_calls, throttles,
         expired_iterators, sink_failures, millis_behind_latest (ms), checkpoint,
-        checkpoint_age_s, lease_counter, state; with enhanced fan-out also retrieval
+        checkpoint_age_s (None without a checkpoint), checkpoints_written, lease_counter,
+        state; with enhanced fan-out also retrieval
         ("fanout"), subscriptions (accepted), subscription_renewals, subscription_drops
         and budget_drops. Reader figures: shards, buffered_bytes,
         peak_buffered_bytes, max_buffered_bytes, budget_waits, kinesis_call_limit and
