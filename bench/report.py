@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from .common import fmt
+from .common import fmt, fmt_against, fmt_ratio, goal_threshold
 
 KEY = (
     "raw_single_records_per_s", "raw_threads_records_per_s", "product_records_per_s", "product_records_per_s_vs_threads",
@@ -56,9 +56,10 @@ def markdown(data: dict, key_only: bool = False) -> str:
         anchor = f.get("anchor") or ""
         if f.get("anchor_value") is not None:
             anchor = f"{anchor} = {fmt(f['anchor_value'])}"
-        ratio = "" if f.get("ratio") is None else f"{f['ratio']:.2f}x"
+        ratio = fmt_ratio(f)
         met = "" if f.get("goal_met") is None else ("yes" if f["goal_met"] else "**no**")
-        lines.append(f"| {f['section']} | {f['name']} | {fmt(f['value'])} | {f['unit']} | {anchor} | {ratio} | "
+        value = fmt_against(f["value"], goal_threshold(f))  # the digits the goal's comparison uses
+        lines.append(f"| {f['section']} | {f['name']} | {value} | {f['unit']} | {anchor} | {ratio} | "
                      f"{f.get('goal') or ''} | {met} |")
     return "\n".join(lines)
 

@@ -125,7 +125,11 @@ def leases(table: str, stream: str | None, endpoint: str | None, region: str | N
     settings = target.settings(fast=True)
     rows = scan_lease_rows(settings.client("dynamodb"), table, stream)
     if not rows:
-        raise CliError(f"lease table {table!r} has no rows" + (f" of stream {stream!r}" if stream else ""))
+        if stream is None:
+            raise CliError(f"lease table {table!r} has no rows")
+        held = sorted({str(r.get("stream")) for r in scan_lease_rows(settings.client("dynamodb"), table, None)})
+        raise CliError(f"lease table {table!r} has no rows of stream {stream!r}; "
+                       + (f"it holds the stream(s) {', '.join(held)}" if held else "it has no rows at all"))
     if lag:
         add_lag(settings.client("kinesis"), rows)
     title = f"lease table {table}" + (f", stream {stream}" if stream else "") + f" ({len(rows)} shards)"
