@@ -19,6 +19,9 @@ name                                        kind     tags                       
 ``kinesis_actors_bytes_delivered``          counter  stream, shard_id, owner_id   their payload bytes
 ``kinesis_actors_get_records_calls``        counter  stream, shard_id, owner_id   ``GetRecords`` calls
 ``kinesis_actors_throttles``                counter  stream, shard_id, owner_id   throttled calls
+``kinesis_actors_sink_failures``            counter  stream, shard_id, owner_id   failed deliveries (retried)
+``kinesis_actors_dead_letter_records``      counter  stream, shard_id, owner_id   records sent to the dead letter
+``kinesis_actors_checkpoints_written``      counter  stream, shard_id, owner_id   checkpoint writes
 ``kinesis_actors_millis_behind_latest``     gauge    stream, shard_id, owner_id   lag, ms (see below)
 ``kinesis_actors_checkpoint_age_s``         gauge    stream, shard_id, owner_id   s since the last checkpoint
 ``kinesis_actors_leases_held``              gauge    stream, owner_id             readers running
@@ -64,7 +67,9 @@ SHARD_TAGS = ("stream", "shard_id", "owner_id")
 INSTANCE_TAGS = ("stream", "owner_id")
 # metric name -> key of the reader's / coordinator's figures
 SHARD_COUNTERS = {"records_delivered": "records", "bytes_delivered": "bytes",
-                  "get_records_calls": "get_records_calls", "throttles": "throttles"}
+                  "get_records_calls": "get_records_calls", "throttles": "throttles",
+                  "sink_failures": "sink_failures", "dead_letter_records": "dead_letter_records",
+                  "checkpoints_written": "checkpoints_written"}
 SHARD_GAUGES = {"millis_behind_latest": "millis_behind_latest", "checkpoint_age_s": "checkpoint_age_s"}
 INSTANCE_COUNTERS = {"leases_taken": "leases_taken", "leases_lost": "leases_lost",
                      "readers_replaced": "readers_replaced"}
@@ -74,6 +79,9 @@ _DESCRIPTIONS = {
     "bytes_delivered": "Payload bytes of the records acknowledged, per shard.",
     "get_records_calls": "GetRecords calls, per shard.",
     "throttles": "Throttled Kinesis calls (ProvisionedThroughputExceeded, LimitExceeded), per shard.",
+    "sink_failures": "Failed deliveries to the downstream (each retried, up to max_sink_retries), per shard.",
+    "dead_letter_records": "Records the downstream refused max_sink_retries times, sent to the dead-letter stream.",
+    "checkpoints_written": "Checkpoint writes (one conditional UpdateItem each on DynamoDB), per shard.",
     "millis_behind_latest": "MillisBehindLatest of the last GetRecords, at least the age of its newest record (ms).",
     "checkpoint_age_s": "Seconds since the reader last wrote a checkpoint (or started); absent without a checkpoint.",
     "leases_held": "Shard leases this instance holds (running readers).",

@@ -463,7 +463,7 @@ class ShardConsumer:
             "shard_id": spec.shard_id, "records": 0, "bytes": 0, "batches": 0, "get_records_calls": 0,
             "throttles": 0, "expired_iterators": 0, "sink_failures": 0, "millis_behind_latest": None,
             "checkpoint": lease.checkpoint, "lease_counter": lease.counter, "state": self.state.value,
-            "checkpoints_written": 0,
+            "checkpoints_written": 0, "dead_letter_records": 0,
         }
         if spec.consumer_arn:
             self.stats.update(retrieval="fanout", subscriptions=0, subscription_renewals=0, subscription_drops=0,
@@ -973,6 +973,7 @@ class ShardConsumer:
                     if dead_letter is not None:
                         await self._await_alive(self._io.kinesis(
                             dead_letter.put_many, [(r.data, r.partition_key) for r in batch]))
+                        self.stats["dead_letter_records"] += len(batch)
                         log.warning("shard %s: batch of %d sent to the dead-letter stream after %d failures",
                                     self.spec.shard_id, len(batch), attempt)
                         return
@@ -1215,7 +1216,8 @@ class ShardReaderCore:
 
         Shard figures: records, bytes, batches, get_records_calls, throttles,
         expired_iterators, sink_failures, millis_behind_latest (ms), checkpoint,
-        checkpoint_age_s (None without a checkpoint), checkpoints_written, lease_counter,
+        checkpoint_age_s (None without a checkpoint), checkpoints_written, dead_letter_records,
+        lease_counter,
         state; with enhanced fan-out also retrieval
         ("fanout"), subscriptions (accepted), subscription_renewals, subscription_drops
         and budget_drops. Reader figures: shards, buffered_bytes,
