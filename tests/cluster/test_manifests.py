@@ -156,6 +156,8 @@ def test_the_rayjob_runs_the_pipeline_with_irsa_and_no_keys() -> None:
     assert "pipeline.py" in spec["entrypoint"]
     env = yaml.safe_load(spec["runtimeEnvYAML"])["env_vars"]
     assert {"KA_STREAM", "KA_LEASE_TABLE", "KA_SINK"} <= set(env) and int(env["RAY_JOB_STOP_WAIT_TIME_S"]) > 3
+    # a lost head node fails the job: KubeRay retries it, and the retry takes its own rows back at once
+    assert spec["backoffLimit"] >= 1 and env["KA_OWNER_ID"]
     cluster = spec["rayClusterSpec"]
     templates = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
     assert {t["spec"]["serviceAccountName"] for t in templates} == {"kinesis-actors"}

@@ -3,7 +3,7 @@ while reading, the last acknowledged record checkpointed on close, nothing lost 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,25 +11,9 @@ import pytest
 from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream, StartAt
 
 from .helpers import drain, wait_until
+from .test_consume import POLL, make_broker  # noqa: F401 - the fixture: connected brokers, shut down afterwards
 
 pytestmark = pytest.mark.usefixtures("ray_session")
-
-FAST = dict(lease_duration_s=2.0, renew_interval_s=0.5)
-POLL = dict(shard_sync_interval_s=1.0, lease_poll_interval_s=0.3)
-
-
-@pytest.fixture
-def make_broker(endpoint: str) -> Iterator[Callable[..., KinesisBroker]]:
-    brokers: list[KinesisBroker] = []
-
-    def make(**kwargs: Any) -> KinesisBroker:
-        broker = KinesisBroker(endpoint=endpoint, region="us-east-1", test_credentials=True, **FAST, **kwargs)
-        brokers.append(broker.connect())
-        return broker
-
-    yield make
-    for broker in brokers:
-        broker.shutdown()
 
 
 def test_min_checkpoint_interval_writes_fewer_checkpoints_and_loses_nothing(
