@@ -17,6 +17,8 @@ from kinesis_actors.testing import FakeShard, InProcessLeaseStore
 from .test_reader_core import SHARD, STREAM, Recorder
 from .test_reader_handoff import until
 
+WAIT_S = 60.0  # a deadline for a loaded machine, not a speed goal
+
 
 class CountingStore(InProcessLeaseStore):
     """Counts checkpoint writes (each one a conditional ``UpdateItem`` on DynamoDB)."""
@@ -45,7 +47,8 @@ def consumer(shard: FakeShard, store: InProcessLeaseStore, sink: Any, interval_s
 async def read_then_stop(reader: ShardConsumer, sink: Recorder, n: int) -> ConsumerState:
     await reader.open()
     task = asyncio.create_task(reader.run())
-    await until(lambda: len(sink.seqs) >= n or task.done(), what=f"{n} records delivered")
+    await until(lambda: len(sink.seqs) >= n or task.done(), timeout_s=WAIT_S,
+                what=f"{n} records delivered")
     await reader.stop()
     return await task
 
@@ -78,8 +81,8 @@ def test_an_idle_shard_writes_its_pending_checkpoint_once_the_interval_passed() 
     async def scenario() -> None:
         await reader.open()
         task = asyncio.create_task(reader.run())
-        await until(lambda: len(sink.seqs) == 30, what="30 records")
-        await until(lambda: store.get(STREAM, SHARD).checkpoint == "30", what="the pending checkpoint")
+        await until(lambda: len(sink.seqs) == 30, timeout_s=WAIT_S, what="30 records")
+        await until(lambda: store.get(STREAM, SHARD).checkpoint == "30", timeout_s=WAIT_S, what="the pending checkpoint")
         assert not task.done() and store.get(STREAM, SHARD).owner == "me", "written while still reading"
         await reader.stop()
         await task
@@ -100,12 +103,12 @@ def test_a_lost_lease_redelivers_what_was_acknowledged_since_the_last_checkpoint
     async def scenario() -> None:
         await reader.open()
         task = asyncio.create_task(reader.run())
-        await until(lambda: len(first_sink.seqs) == 100, what="100 records")
+        await until(lambda: len(first_sink.seqs) == 100, timeout_s=WAIT_S, what="100 records")
         thief = store.peer()
         row = thief.get(STREAM, SHARD)
         assert thief._update(row.key, row.owner, row.counter, {"lease_owner": "thief",
                                                               "lease_counter": row.counter + 1}) is not None
-        assert await asyncio.wait_for(task, 3.0) == ConsumerState.LOST
+        assert await asyncio.wait_for(task, WAIT_S) == ConsumerState.LOST
         await read_then_stop(consumer(shard, thief, second_sink, 0.0, owner="thief"), second_sink, 90)
 
     asyncio.run(scenario())
@@ -120,11 +123,11 @@ def test_a_handoff_checkpoints_the_last_acknowledged_record_first() -> None:
     async def scenario() -> ConsumerState:
         await reader.open()
         task = asyncio.create_task(reader.run())
-        await until(lambda: len(sink.seqs) == 40, what="40 records")
+        await until(lambda: len(sink.seqs) == 40, timeout_s=WAIT_S, what="40 records")
         thief = store.peer()
         row = thief.get(STREAM, SHARD)
         assert thief.request_handoff(STREAM, SHARD, owner="thief", expect_counter=row.counter)
-        return await asyncio.wait_for(task, 5.0)
+        return await asyncio.wait_for(task, WAIT_S)
 
     assert asyncio.run(scenario()) == ConsumerState.HANDED_OVER
     row = store.get(STREAM, SHARD)
@@ -138,7 +141,7 @@ def test_shard_end_is_written_even_within_the_interval() -> None:
 
     async def scenario() -> ConsumerState:
         await reader.open()
-        return await asyncio.wait_for(reader.run(), 5.0)
+        return await asyncio.wait_for(reader.run(), WAIT_S)
 
     assert asyncio.run(scenario()) == ConsumerState.SHARD_ENDED
     assert sink.seqs == list(range(1, 31))
