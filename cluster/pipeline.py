@@ -207,6 +207,7 @@ def run(cfg: Config, stop: threading.Event) -> int:
     sub = None
     try:
         sub = conn.subscribe(stream_config(cfg), sink=sink)
+        install_stop_signals(stop)  # again: subscribe() started Ray, whose core worker replaces SIGTERM's handler
         emit("started", stream=cfg.stream, lease_table=cfg.lease_table, owner_id=conn.owner_id, sink=cfg.sink,
              retrieval="fanout" if cfg.fanout else "polling",
              shards=sorted(sub.stats()["shards"]))
