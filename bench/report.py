@@ -28,6 +28,8 @@ KEY = (
     "scale_16_cap1_uss_total_mib", "scale_64_cap1_uss_total_mib", "scale_64_cap1_subscribe_s",
     "scale_1000_dynamo_lease10_leases_lost", "scale_1000_dynamo_lease10_idle_update_item_per_s",
     "scale_1000_dynamo_lease30_leases_lost", "scale_1000_dynamo_lease30_idle_update_item_per_s",
+    *(f"ckpt_interval_{i}s_{k}" for i in (0, 1, 5) for k in ("update_item_per_shard_per_s",
+                                                            "checkpoints_per_shard_per_s")),
     "january_wall_s", "january_emulator_start_s", "january_ray_start_s", "january_subscribe_s", "january_publish_s",
     "january_consume_s", "full_year_wall_s", "full_year_publish_s", "full_year_consume_s",
 )
