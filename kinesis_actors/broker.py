@@ -4,8 +4,9 @@
 live in their own modules and are importable from here too.
 
 Lifecycle: ``KinesisBroker(...)`` records configuration (no I/O) -> ``connect()`` builds
-the settings, the lease store and the owner id and starts Ray if it is not running ->
-``subscribe(KinesisStream(...), sink=...)`` -> ``shutdown()`` closes every subscription
+the settings, the lease store and the owner id (no Ray) ->
+``subscribe(KinesisStream(...), sink=...)`` checks the stream, then starts Ray if it is not
+running (and opens a lease store that lives in Ray) -> ``shutdown()`` closes every subscription
 (checkpoint, release) and marks the connection closed.
 
 Example::
@@ -139,7 +140,11 @@ class KinesisBroker:
         return self
 
     def connect(self) -> KinesisBroker:
-        """Build the settings, the lease store and the owner id; start Ray if it is not running.
+        """Build the settings, the lease store and the owner id. Ray is not started here: the
+        first ``subscribe`` starts it (if it is not running) once ``DescribeStreamSummary``
+        answered, so a wrong endpoint or a missing stream is named before Ray's start is
+        paid. A ``DynamoLeaseStore`` is opened here; the default ``MemoryLeaseStore`` (a Ray
+        actor) at that first ``subscribe``.
 
         Idempotent: a second call returns the same connection. Credentials are fetched
         lazily by boto3, so a bad credential fails the first ``subscribe``, not this.
@@ -156,22 +161,33 @@ class KinesisBroker:
                 raise NotConnectedError("this broker was shut down; create a new KinesisBroker")
             if state.aws is not None:
                 return self
-            import ray
+            from .leases.memory import MemoryLeaseStore
 
-            if not ray.is_initialized():
-                ray.init(configure_logging=False)
             store = self._lease_store
             owned_store = store is None
             if store is None:
-                from .leases.memory import MemoryLeaseStore
-
                 store = MemoryLeaseStore()
-            store = store.bind(self._aws).open()
-            self._state_extra.update(store=store, owned_store=owned_store,
+            store = store.bind(self._aws)
+            in_ray = isinstance(store, MemoryLeaseStore)  # its rows live in a Ray actor: opened with Ray
+            if not in_ray:
+                store = store.open()
+            self._state_extra.update(store=store, owned_store=owned_store, store_opened=not in_ray,
                                      owner_id=self._owner_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}")
             state.aws = self._aws
             log.info("connected: owner id %s, lease store %r", self.owner_id, store)
         return self
+
+    def _start_ray(self) -> None:
+        """Start Ray if it is not running (``ray.init()`` with Ray's defaults) and open a lease
+        store that lives in Ray. Called by ``subscribe`` after the stream was checked."""
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(configure_logging=False)
+        with self._state.lock:
+            if not self._state_extra.get("store_opened"):
+                self._state_extra["store"] = self._state_extra["store"].open()
+                self._state_extra["store_opened"] = True
 
     def __copy__(self) -> KinesisBroker:
         clone = object.__new__(type(self))
@@ -201,7 +217,7 @@ class KinesisBroker:
         with state.lock:
             state.closed = True
             store = self._state_extra.get("store")
-            if self._state_extra.get("owned_store") and store is not None:
+            if self._state_extra.get("owned_store") and self._state_extra.get("store_opened") and store is not None:
                 try:
                     store.close()
                 except LeaseStoreError as e:  # its actor is gone already: nothing left to release
@@ -281,6 +297,7 @@ class KinesisBroker:
             state.subscriptions[stream.name] = None  # type: ignore[assignment]  # reserved
         try:
             ensure_stream(state.client("kinesis"), stream.name, create_shards=stream.create_if_missing)
+            self._start_ray()
             sub = Subscription(self, stream, sink, aws=aws, start_timeout_s=start_timeout_s)
         except BaseException:
             with state.lock:

@@ -135,7 +135,12 @@ def leases(table: str | None, kcl_table: str | None, stream: str | None, endpoin
     else:
         rows = scan_lease_rows(settings.client("dynamodb"), name, stream)
     if not rows:
-        raise CliError(f"lease table {name!r} has no rows" + (f" of stream {stream!r}" if stream else ""))
+        if stream is None:
+            raise CliError(f"lease table {name!r} has no rows")
+        scan = scan_kcl_rows if kcl_table is not None else scan_lease_rows
+        held = sorted({str(r.get("stream")) for r in scan(settings.client("dynamodb"), name, None)})
+        raise CliError(f"lease table {name!r} has no rows of stream {stream!r}; "
+                       + (f"it holds the stream(s) {', '.join(held)}" if held else "it has no rows at all"))
     if lag and all(r["stream"] for r in rows):
         add_lag(settings.client("kinesis"), rows)
     title = ("KCL " if kcl_table else "") + f"lease table {name}" + (f", stream {stream}" if stream else "") + \

@@ -19,6 +19,9 @@ name                                        kind     tags                       
 ``kinesis_actors_bytes_delivered``          counter  stream, shard_id, owner_id   their payload bytes
 ``kinesis_actors_get_records_calls``        counter  stream, shard_id, owner_id   ``GetRecords`` calls
 ``kinesis_actors_throttles``                counter  stream, shard_id, owner_id   throttled calls
+``kinesis_actors_sink_failures``            counter  stream, shard_id, owner_id   failed deliveries (retried)
+``kinesis_actors_dead_letter_records``      counter  stream, shard_id, owner_id   records sent to the dead letter
+``kinesis_actors_checkpoints_written``      counter  stream, shard_id, owner_id   checkpoint writes
 ``kinesis_actors_millis_behind_latest``     gauge    stream, shard_id, owner_id   lag, ms (see below)
 ``kinesis_actors_checkpoint_age_s``         gauge    stream, shard_id, owner_id   s since the last checkpoint
 ``kinesis_actors_leases_held``              gauge    stream, owner_id             readers running
@@ -30,8 +33,9 @@ name                                        kind     tags                       
 ``millis_behind_latest`` is the reader's figure: ``MillisBehindLatest`` of the last
 ``GetRecords``, raised to the age of its newest record against the current time (some
 emulators report 0 or a gap between records). ``checkpoint_age_s`` counts from the
-reader's last checkpoint write (or from its start); it grows on an idle shard too, so
-alert on it together with the lag.
+reader's last checkpoint write (or from its start, for a checkpoint read from the lease
+row); it is ``None`` (not exported) for a shard with no checkpoint yet. It grows on an
+idle shard too, so alert on it together with the lag (``cluster/prometheus/alerts.yaml``).
 
 :func:`checkpoint_lag_ms` computes a shard's lag from a lease row's checkpoint alone
 (for a lease-table view such as ``kinesis-actors leases``).
@@ -63,7 +67,9 @@ SHARD_TAGS = ("stream", "shard_id", "owner_id")
 INSTANCE_TAGS = ("stream", "owner_id")
 # metric name -> key of the reader's / coordinator's figures
 SHARD_COUNTERS = {"records_delivered": "records", "bytes_delivered": "bytes",
-                  "get_records_calls": "get_records_calls", "throttles": "throttles"}
+                  "get_records_calls": "get_records_calls", "throttles": "throttles",
+                  "sink_failures": "sink_failures", "dead_letter_records": "dead_letter_records",
+                  "checkpoints_written": "checkpoints_written"}
 SHARD_GAUGES = {"millis_behind_latest": "millis_behind_latest", "checkpoint_age_s": "checkpoint_age_s"}
 INSTANCE_COUNTERS = {"leases_taken": "leases_taken", "leases_lost": "leases_lost",
                      "readers_replaced": "readers_replaced"}
@@ -73,8 +79,11 @@ _DESCRIPTIONS = {
     "bytes_delivered": "Payload bytes of the records acknowledged, per shard.",
     "get_records_calls": "GetRecords calls, per shard.",
     "throttles": "Throttled Kinesis calls (ProvisionedThroughputExceeded, LimitExceeded), per shard.",
+    "sink_failures": "Failed deliveries to the downstream (each retried, up to max_sink_retries), per shard.",
+    "dead_letter_records": "Records the downstream refused max_sink_retries times, sent to the dead-letter stream.",
+    "checkpoints_written": "Checkpoint writes (one conditional UpdateItem each on DynamoDB), per shard.",
     "millis_behind_latest": "MillisBehindLatest of the last GetRecords, at least the age of its newest record (ms).",
-    "checkpoint_age_s": "Seconds since the reader last wrote a checkpoint (or started).",
+    "checkpoint_age_s": "Seconds since the reader last wrote a checkpoint (or started); absent without a checkpoint.",
     "leases_held": "Shard leases this instance holds (running readers).",
     "leases_taken": "Shard leases this instance took.",
     "leases_lost": "Shard leases this instance lost to another owner or to expiry.",
@@ -194,7 +203,8 @@ def reader_tick(spec: Any, stats: dict[str, Any], *, now: float | None = None, f
                                               checkpoint_since=now)
         if stats.get("checkpoint") != state.checkpoint:
             state.checkpoint, state.checkpoint_since = stats.get("checkpoint"), now
-        stats["checkpoint_age_s"] = round(now - state.checkpoint_since, 3)
+        # No checkpoint yet (a fresh shard, after a seek): no age, so an age alert never fires on it.
+        stats["checkpoint_age_s"] = None if state.checkpoint is None else round(now - state.checkpoint_since, 3)
         if not force and now - state.exported_at < EXPORT_INTERVAL_S:
             return
         sink = _sink()

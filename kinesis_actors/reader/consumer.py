@@ -96,6 +96,7 @@ class ShardConsumer:
             "shard_id": spec.shard_id, "records": 0, "bytes": 0, "batches": 0, "get_records_calls": 0,
             "throttles": 0, "expired_iterators": 0, "sink_failures": 0, "millis_behind_latest": None,
             "checkpoint": lease.checkpoint, "lease_counter": lease.counter, "state": self.state.value,
+            "checkpoints_written": 0, "dead_letter_records": 0,
         }
         if spec.consumer_arn:
             self.stats.update(retrieval="fanout", subscriptions=0, subscription_renewals=0, subscription_drops=0,
@@ -108,6 +109,9 @@ class ShardConsumer:
         self.reading = Reading(spec, self._io, budget, self.keeper, self.stats, clock=clock, sleep=sleep,
                                stopping=self._stopping, alive=self._alive)
         self._seek: tuple[StartAt, asyncio.Future[None]] | None = None  # a pending seek request
+        # Acknowledged but not yet checkpointed (min_checkpoint_interval_s > 0): (sequence, sub-sequence).
+        self._pending_checkpoint: tuple[str, int | None] | None = None
+        self._checkpointed_at = float("-inf")  # when the last checkpoint was written (injected clock, s)
         self._task: asyncio.Task[Any] | None = None
         self._renew_task: asyncio.Task[None] | None = None
 
@@ -294,6 +298,7 @@ class ShardConsumer:
                 return
             if self._seek is not None:
                 await self._apply_seek()
+            await self._flush_checkpoint(due_only=True)
             got = await self.reading.fetch(lambda: self._stopping() or self._seek is not None)
             if got is None:
                 continue
@@ -309,6 +314,7 @@ class ShardConsumer:
                 return
 
     async def _shard_end(self) -> None:
+        self._pending_checkpoint = None  # SHARD_END is past every acknowledged record
         store = self.keeper.store
         await self.keeper.write("checkpoint SHARD_END", lambda lease: store.checkpoint(lease, SHARD_END))
         self.stats["checkpoint"] = SHARD_END
@@ -318,7 +324,15 @@ class ShardConsumer:
 
     # ---------------------------------------------------------------- SHUTTING_DOWN
     async def _shut_down(self, stop: Stop) -> None:
-        """Hand the lease to the asker, or release it (unless asked to keep it)."""
+        """Checkpoint what was acknowledged, then hand the lease to the asker, or release it
+        (unless asked to keep it)."""
+        try:  # close and handoff: the acknowledged records are checkpointed first
+            await self._flush_checkpoint()
+        except LeaseLostError:
+            self._to(ConsumerState.LOST)
+            return
+        except KinesisError as e:
+            log.warning("shard %s: the last checkpoint failed (%s)", self.spec.shard_id, e)
         if stop.reason is StopReason.REQUESTED and not stop.release:
             self._to(ConsumerState.CLOSED)
             return
@@ -345,6 +359,7 @@ class ShardConsumer:
     async def _release_after_failure(self) -> None:
         try:
             if self.keeper.lost is None:
+                await self._flush_checkpoint()
                 await self.keeper.write("release", lambda lease: self.keeper.store.release(lease))
         except Exception as e:  # best effort after a fatal error: logged, the lease expires
             log.info("shard %s: release after the failure did not happen (%r); the lease will expire",
@@ -387,13 +402,31 @@ class ShardConsumer:
         self.stats["sink_failures"] = self.delivery.failures
         if result.acknowledged <= 0:
             return
+        if result.dead_lettered:
+            self.stats["dead_letter_records"] += result.acknowledged
         done = batch[: result.acknowledged]
         last = done[-1]
-        await self.keeper.checkpoint(last.sequence_number, last.sub_sequence_number, self.delivery.sleep_alive)
-        self.stats["checkpoint"] = last.sequence_number
+        self._pending_checkpoint = (last.sequence_number, last.sub_sequence_number)
+        await self._flush_checkpoint(due_only=True)
         self.stats["records"] += len(done)
         self.stats["bytes"] += payload_bytes(done)
         self.stats["batches"] += 1
+
+    async def _flush_checkpoint(self, *, due_only: bool = False) -> None:
+        """Write the checkpoint of the last acknowledged record, if not written yet. With
+        ``due_only``, only once ``min_checkpoint_interval_s`` passed since the last write
+        (always, when it is 0). Raises as :meth:`LeaseKeeper.checkpoint`."""
+        pending = self._pending_checkpoint
+        if pending is None:
+            return
+        if due_only and self._clock() - self._checkpointed_at < self.spec.min_checkpoint_interval_s:
+            return
+        await self.keeper.checkpoint(*pending, self.delivery.sleep_alive)
+        self._checkpointed_at = self._clock()
+        if self._pending_checkpoint == pending:
+            self._pending_checkpoint = None
+        self.stats["checkpoint"] = pending[0]
+        self.stats["checkpoints_written"] += 1
 
     # ---------------------------------------------------------------- control
     async def stop(self, *, release: bool = True, grace_s: float = 5.0) -> None:
@@ -437,6 +470,7 @@ class ShardConsumer:
         try:
             at = position.to_str()
             await self.keeper.write("seek", lambda lease: self.keeper.store.set_start_position(lease, at))
+            self._pending_checkpoint = None
             self.stats["checkpoint"] = None
             fetcher.seek(position)
             log.info("shard %s: seek to %s", self.spec.shard_id, position)

@@ -202,7 +202,8 @@ class ShardReaderCore:
 
         Shard figures: records, bytes, batches, get_records_calls, throttles,
         expired_iterators, sink_failures, millis_behind_latest (ms), checkpoint,
-        checkpoint_age_s, lease_counter, state; with enhanced fan-out also retrieval
+        checkpoint_age_s (None without a checkpoint), checkpoints_written, dead_letter_records,
+        lease_counter, state; with enhanced fan-out also retrieval
         ("fanout"), subscriptions (accepted), subscription_renewals, subscription_drops
         and budget_drops. Reader figures: shards, buffered_bytes,
         peak_buffered_bytes, max_buffered_bytes, budget_waits, kinesis_call_limit and

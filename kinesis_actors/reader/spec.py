@@ -39,6 +39,8 @@ class ReaderSpec:
         dead_letter: a Publisher for batches the sink refused, or None.
         consumer_arn: the registered stream consumer for enhanced fan-out
             (``retrieval="fanout"``); None reads with ``GetRecords``.
+        min_checkpoint_interval_s: shortest gap between two checkpoint writes, seconds
+            (``KinesisStream.min_checkpoint_interval_s``); 0 checkpoints every acknowledged batch.
     """
 
     stream: str
@@ -54,6 +56,7 @@ class ReaderSpec:
     max_sink_retries: int = 5
     dead_letter: Any = None
     consumer_arn: str | None = None
+    min_checkpoint_interval_s: float = 0.0
 
     @property
     def call_timeout_s(self) -> float:
