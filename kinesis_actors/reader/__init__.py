@@ -8,6 +8,9 @@ One plain class per role, each testable alone:
   shard, then GetRecords -> deliver -> acknowledge -> checkpoint, until it stops.
 * :mod:`.lease`: :class:`LeaseKeeper`, the consumer's fenced store writes, its renew loop
   and its liveness (a stuck loop lets its lease lapse; a slow downstream never does).
+* :mod:`.checkpoints`: :class:`CheckpointPacer`, the acknowledged position not yet
+  checkpointed, written at most once per ``min_checkpoint_interval_s`` (always at close,
+  handoff and failure).
 * :mod:`.delivery`: :class:`BatchDelivery`, the one place a batch goes downstream
   (retries with backoff, dead letters, ``SinkError``), returning a :class:`DeliveryResult`.
 * :mod:`.fetcher`: the :class:`Fetcher` protocol that polling
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .checkpoints import CheckpointPacer
 from .consumer import FANOUT_BUDGET_DROP_S, STOP_SLACK_S, ShardConsumer
 from .core import ShardEvent, ShardReaderCore
 from .delivery import BatchDelivery, DeliveryResult
@@ -40,8 +44,8 @@ from .states import TRANSITIONS, ConsumerState, Stop, StopReason
 
 __all__ = ["ConsumerState", "TRANSITIONS", "Stop", "StopReason", "ReaderSpec", "kinesis_call_timeout_s",
            "ShardConsumer", "ShardReaderCore", "ShardEvent", "ByteBudget", "CallLimit", "ReaderIo", "LeaseKeeper",
-           "BatchDelivery", "DeliveryResult", "Fetcher", "Deliver", "ShardReader", "DEFAULT_MAX_BUFFERED_BYTES",
-           "DEFAULT_THREADS", "FANOUT_BUDGET_DROP_S", "STOP_SLACK_S", "STUCK_CALL_S"]
+           "CheckpointPacer", "BatchDelivery", "DeliveryResult", "Fetcher", "Deliver", "ShardReader",
+           "DEFAULT_MAX_BUFFERED_BYTES", "DEFAULT_THREADS", "FANOUT_BUDGET_DROP_S", "STOP_SLACK_S", "STUCK_CALL_S"]
 
 _ACTOR: Any = None
 
