@@ -7,10 +7,9 @@ One plain class per role, each testable alone:
 * :mod:`.consumer`: :class:`ShardConsumer`, the state machine of one lease: open the
   shard, then GetRecords -> deliver -> acknowledge -> checkpoint, until it stops.
 * :mod:`.lease`: :class:`LeaseKeeper`, the consumer's fenced store writes, its renew loop
-  and its liveness (a stuck loop lets its lease lapse; a slow downstream never does).
-* :mod:`.checkpoints`: :class:`CheckpointPacer`, the acknowledged position not yet
-  checkpointed, written at most once per ``min_checkpoint_interval_s`` (always at close,
-  handoff and failure).
+  and its liveness (a stuck loop lets its lease lapse; a slow downstream never does);
+  :class:`CheckpointPacer`, the acknowledged position not yet checkpointed, written at
+  most once per ``min_checkpoint_interval_s`` (always at close, handoff and failure).
 * :mod:`.delivery`: :class:`BatchDelivery`, the one place a batch goes downstream
   (retries with backoff, dead letters, ``SinkError``), returning a :class:`DeliveryResult`.
 * :mod:`.fetcher`: the :class:`Fetcher` protocol that polling
@@ -32,13 +31,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .checkpoints import CheckpointPacer
 from .consumer import FANOUT_BUDGET_DROP_S, STOP_SLACK_S, ShardConsumer
 from .core import ShardEvent, ShardReaderCore
 from .delivery import BatchDelivery, DeliveryResult
 from .fetcher import Fetcher
 from .io import STUCK_CALL_S, ByteBudget, CallLimit, ReaderIo
-from .lease import LeaseKeeper
+from .lease import CheckpointPacer, LeaseKeeper
 from .spec import DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_THREADS, Deliver, ReaderSpec, kinesis_call_timeout_s
 from .states import TRANSITIONS, ConsumerState, Stop, StopReason
 

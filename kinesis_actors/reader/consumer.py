@@ -5,7 +5,7 @@ Fault model (every invariant of SPEC.md holds per consumer, whatever else the pr
 * The checkpoint is written only after the downstream acknowledged the batch
   (:class:`~.delivery.BatchDelivery` says how far), so a crash anywhere re-delivers at
   most what was acknowledged since the last checkpoint (at-least-once); the
-  :class:`~.checkpoints.CheckpointPacer` paces the writes (``min_checkpoint_interval_s``).
+  :class:`~.lease.CheckpointPacer` paces the writes (``min_checkpoint_interval_s``).
 * Store writes go through the consumer's :class:`~.lease.LeaseKeeper` (fenced, serialised).
 * A lost lease ends the consumer at once (``LOST``): nothing more is written, the batch
   in flight is not acknowledged. A consumer whose lease is in doubt renews it before
@@ -35,11 +35,10 @@ from ..kinesis import Fetched
 from ..leases.protocol import SHARD_END, Lease, LeaseStore
 from ..metrics import reader_tick
 from ..records import Record, StartAt
-from .checkpoints import CheckpointPacer
 from .delivery import BatchDelivery
 from .fetcher import new_fetcher
 from .io import ByteBudget, ReaderIo, ToThreadIo
-from .lease import LeaseKeeper
+from .lease import CheckpointPacer, LeaseKeeper
 from .reading import FANOUT_BUDGET_DROP_S, Reading
 from .spec import Deliver, ReaderSpec, Sleep
 from .states import TRANSITIONS, ConsumerState, Stop, StopReason
