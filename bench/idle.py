@@ -11,7 +11,8 @@ into a counting sink. Printed:
 * idle: over ``--idle-s`` seconds after ``--settle-s`` (idle waits reach their cap), the
   requests the emulator served by operation, our Ray processes' CPU in cores by title, and
   CPU milliseconds per idle request (all our Ray processes' CPU s / requests served:
-  GetRecords at the tip plus renewals);
+  GetRecords at the tip plus renewals: with the MemoryLeaseStore a renewal is a Ray actor call,
+  counted as leases / ``renew_interval_s``; with ``--dynamo`` the emulator counts its UpdateItems);
 * ``--profile DIR``: py-spy ``--format raw`` profiles (50 Hz, the idle window) of one
   ShardReader, the Coordinator and the lease-store actor, summarised by leaf frame;
 * ``--worker-start``: what a bare Ray worker spends before its first call, step by step
@@ -57,7 +58,7 @@ def _delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def _cpu_since_start(exclude: list[int], since: float) -> dict[str, float]:
     """CPU seconds of each Ray process created after ``since`` (epoch s), summed by title."""
     out: dict[str, float] = {}
-    for pid, (created, cpu, title) in cpu_snapshot(ray_tree(exclude)).items():
+    for _pid, (created, cpu, title) in cpu_snapshot(ray_tree(exclude)).items():
         if created >= since - 0.5:
             key = title.split(".")[0].split(" ")[0] if title.startswith("ray::") else os.path.basename(title.split(" ")[0])
             out[key] = out.get(key, 0.0) + cpu
@@ -266,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         m1 = _mark(emu, exclude)
         idle = _delta(m0, m1)
         total_req = sum(idle["req_per_s"].values())
+        if not a.dynamo:  # MemoryLeaseStore renewals are Ray actor calls, not emulator requests: one per lease per
+            out["idle_renewals_per_s_estimated"] = a.shards / conn.renew_interval_s  # renew interval
+            total_req += out["idle_renewals_per_s_estimated"]
         ours = sum(idle["cores"].values())
         out["idle"] = idle
         out["idle_requests_per_s"] = total_req
@@ -275,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    for k2, v in idle["cores"].items()}
         s2 = sub.stats()
         out["leases_lost"] = s2.get("leases_lost")
-        print(json.dumps({k2: out[k2] for k2 in ("idle", "idle_requests_per_s", "idle_ray_cores",
+        print(json.dumps({k2: out.get(k2) for k2 in ("idle", "idle_renewals_per_s_estimated", "idle_requests_per_s",
+                                                     "idle_ray_cores",
                                                  "idle_cpu_ms_per_request", "idle_cpu_ms_per_request_by_title",
                                                  "leases_lost")}, indent=1), flush=True)
         if prof is not None:
