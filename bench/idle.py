@@ -13,8 +13,9 @@ into a counting sink. Printed:
   CPU milliseconds per idle request (all our Ray processes' CPU s / requests served:
   GetRecords at the tip plus renewals: with the MemoryLeaseStore a renewal is a Ray actor call,
   counted as leases / ``renew_interval_s``; with ``--dynamo`` the emulator counts its UpdateItems);
-* ``--profile DIR``: py-spy ``--format raw`` profiles (50 Hz, the idle window) of one
-  ShardReader, the Coordinator and the lease-store actor, summarised by leaf frame;
+* ``--profile DIR``: py-spy ``--format raw --gil`` profiles (50 Hz, the idle window; only the
+  thread holding the GIL is sampled, a proxy for Python CPU) of one ShardReader, the
+  Coordinator and the lease-store actor, summarised by frame (inclusive share of samples);
 * ``--worker-start``: what a bare Ray worker spends before its first call, step by step
   (in a fresh actor: ``import kinesis_actors.reader``, the first boto3 session and client,
   a second client), CPU seconds by ``time.process_time``.
@@ -40,7 +41,7 @@ import time  # noqa: E402
 import uuid  # noqa: E402
 from typing import Any  # noqa: E402
 
-from .common import REGION, client, cpu_delta, cpu_snapshot, list_shards, pool_pids, psutil_mod, ray_tree  # noqa: E402
+from .common import REGION, client, cpu_delta, cpu_snapshot, list_shards, pool_pids, ray_tree  # noqa: E402
 
 
 def _mark(emu: Any, exclude: list[int]) -> dict[str, Any]:
@@ -67,15 +68,13 @@ def _cpu_since_start(exclude: list[int], since: float) -> dict[str, float]:
 
 
 def _profile(pids: dict[str, int], seconds: float, out_dir: str) -> dict[str, Any]:
-    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-    if not os.path.exists(spy):
-        spy = "/work/main/.venv/bin/py-spy"
+    spy = _py_spy()
     os.makedirs(out_dir, exist_ok=True)
     procs = {}
     for name, pid in pids.items():
         path = os.path.join(out_dir, f"{name}.raw")
         procs[name] = (path, subprocess.Popen([spy, "record", "-p", str(pid), "--rate", "50", "-d", str(int(seconds)),
-                                               "-f", "raw", "-o", path, "--nonblocking"],
+                                               "-f", "raw", "-o", path, "--nonblocking", "--gil"],
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     summary = {}
     for name, (path, p) in procs.items():
@@ -84,7 +83,55 @@ def _profile(pids: dict[str, int], seconds: float, out_dir: str) -> dict[str, An
     return summary
 
 
-def _summarise(path: str, top: int = 25) -> dict[str, Any]:
+class _StartProfiler:
+    """py-spy on every Coordinator and ShardReader process from the moment its title appears
+    (polled every 20 ms) for ``seconds``: where a start's CPU goes."""
+
+    def __init__(self, exclude: list[int], seconds: float, out_dir: str) -> None:
+        import threading
+
+        self.exclude, self.seconds, self.out_dir = exclude, seconds, out_dir
+        self.procs: dict[int, tuple[str, subprocess.Popen[bytes]]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        os.makedirs(out_dir, exist_ok=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        spy = _py_spy()
+        while not self._stop.is_set():
+            for p in ray_tree(self.exclude):
+                if p.pid in self.procs:
+                    continue
+                try:
+                    title = " ".join(p.cmdline())
+                except Exception:
+                    continue
+                for name in ("Coordinator", "ShardReader"):
+                    if title.startswith(f"ray::{name}"):
+                        path = os.path.join(self.out_dir, f"start-{name}-{p.pid}.raw")
+                        self.procs[p.pid] = (path, subprocess.Popen(
+                            [spy, "record", "-p", str(p.pid), "--rate", "100", "-d", str(int(self.seconds)), "-f",
+                             "raw", "-o", path, "--nonblocking", "--gil"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self._stop.wait(0.02)
+
+    def finish(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        out = {}
+        for path, proc in self.procs.values():
+            proc.wait()
+            out[os.path.basename(path)] = _summarise(path) if os.path.exists(path) else "no profile"
+        return out
+
+
+def _py_spy() -> str:
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return spy if os.path.exists(spy) else "/work/main/.venv/bin/py-spy"
+
+
+def _summarise(path: str, top: int = 40) -> dict[str, Any]:
     """Samples by 'component' (the first frame below the asyncio/thread plumbing that names a
     module of interest) and by leaf function."""
     leaf: collections.Counter[str] = collections.Counter()
@@ -180,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle-s", type=float, default=4.0)
     ap.add_argument("--dynamo", action="store_true", help="DynamoLeaseStore on the emulator (default: MemoryLeaseStore)")
     ap.add_argument("--profile", metavar="DIR", help="py-spy raw profiles of the idle window into DIR")
+    ap.add_argument("--profile-start", metavar="DIR", help="py-spy profiles of each Coordinator and ShardReader "
+                                                           "process from its start into DIR")
+    ap.add_argument("--start-profile-s", type=float, default=8.0, help="how long each start profile runs [8]")
     ap.add_argument("--worker-start", action="store_true", help="also measure a bare worker's start, step by step")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     ap.add_argument("--without-rfc3987-syntax", action="store_true",
@@ -218,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         sink = CountingSink.remote()
         ray.get(sink.count.remote())
         cfg = KinesisStream(stream, start_at=StartAt.latest())
+        starting = _StartProfiler(exclude, a.start_profile_s, a.profile_start) if a.profile_start else None
         before = cpu_snapshot(ray_tree(exclude))
         t0 = time.time()
         sub = conn.subscribe(cfg, sink=sink, start_timeout_s=600)
@@ -248,19 +299,22 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k2: out[k2] for k2 in ("subscribe_s", "subscribe_to_first_record_s", "put_to_first_record_s",
                                                  "readers", "start_cpu_s_by_title", "start_new_processes_cpu_s")},
                          indent=1), flush=True)
+        if starting is not None:
+            out["start_profile"] = starting.finish()
+            for name, summary in out["start_profile"].items():
+                print(f"--- {name}", flush=True)
+                print(summary if isinstance(summary, str) else
+                      "\n".join(f"{v:6.3f} {k2}" for k2, v in summary["inclusive"]), flush=True)
         time.sleep(a.settle_s)
         m0 = _mark(emu, exclude)
         prof = None
         if a.profile:
-            psutil = psutil_mod()
-            store_pid = next((p.pid for p in ray_tree(exclude) if "MemoryLeaseStore" in " ".join(p.cmdline())
-                              or "LeaseStore" in " ".join(p.cmdline())), None)
+            store_pid = next((p.pid for p in ray_tree(exclude) if "MemoryLeaseTable" in " ".join(p.cmdline())), None)
             pids = {"reader": max(readers, key=lambda pid: readers[pid])}
             if coord:
                 pids["coordinator"] = coord
             if store_pid:
                 pids["lease_store"] = store_pid
-            del psutil
             prof = _profile(pids, a.idle_s, a.profile)
         else:
             time.sleep(a.idle_s)
