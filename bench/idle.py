@@ -207,7 +207,7 @@ def _worker_start() -> dict[str, float]:
         ray.kill(a)
 
 
-def _block_rfc3987_syntax() -> None:
+def block_rfc3987_syntax() -> None:
     """Make every process started from here on (Ray's workers inherit the environment) skip
     ``import rfc3987_syntax``, which jsonschema tries when Ray imports it (``ray.runtime_env``) and
     which compiles a lark grammar at import: about 1.75 CPU s per Python process on this machine."""
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                          "sitecustomize on PYTHONPATH; jsonschema then skips it): how much of a start it costs")
     a = ap.parse_args(argv)
     if a.without_rfc3987_syntax:
-        _block_rfc3987_syntax()
+        block_rfc3987_syntax()
 
     import ray
 
@@ -348,10 +348,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         emu.stop()
         ray.shutdown()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1, default=str)
+    write_json(a.json, out)
     return 0
+
+
+def write_json(path: str | None, out: dict[str, Any]) -> None:
+    """Write the run's figures to ``path`` (if given)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1, default=str)
 
 
 if __name__ == "__main__":
