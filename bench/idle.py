@@ -217,7 +217,7 @@ def block_rfc3987_syntax() -> None:
     with open(os.path.join(d, "sitecustomize.py"), "w") as f:
         f.write("import sys\nsys.modules.setdefault('rfc3987_syntax', None)\n")
     os.environ["PYTHONPATH"] = d + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
-    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[assignment]
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:
