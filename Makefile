@@ -7,7 +7,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: install lint demo notebooks test test-fast test-integration test-kinesalite test-kinesis-mock test-notebooks test-cluster test-chaos bench clean
+.PHONY: install lint demo notebooks test test-fast test-integration test-bench-harness test-kinesalite test-kinesis-mock test-notebooks test-cluster test-chaos bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +35,10 @@ test-fast: install
 	$(BIN)/python -m pytest tests/unit tests/contract $(PYTEST_ARGS)
 
 test-integration: install
-	$(BIN)/python -m pytest tests/integration -m "not kinesalite and not kinesis_mock" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/integration -m "not kinesalite and not kinesis_mock and not bench_harness" $(PYTEST_ARGS)
+
+test-bench-harness: install  # the bench harness and the slow peers (kcl-rs in its own virtualenv) on tiny inputs
+	$(BIN)/python -m pytest tests/integration -m bench_harness $(PYTEST_ARGS)
 
 KINESALITE := tests/kinesalite
 $(KINESALITE)/node_modules/.installed: $(KINESALITE)/package-lock.json
