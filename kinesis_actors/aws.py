@@ -13,7 +13,7 @@ import dataclasses
 import threading
 from typing import Any
 
-__all__ = ["AwsSettings", "TEST_ACCESS_KEY", "TEST_SECRET_KEY", "DEFAULT_REGION"]
+__all__ = ["AwsSettings", "LazyClient", "TEST_ACCESS_KEY", "TEST_SECRET_KEY", "DEFAULT_REGION"]
 
 TEST_ACCESS_KEY = "testing"
 TEST_SECRET_KEY = "testing"
@@ -115,6 +115,34 @@ class AwsSettings:
         if self.faults is not None:  # tests only: kinesis_actors.testing.FaultInjector
             self.faults.install(client, read_timeout_s=config.read_timeout)
         return client
+
+
+class LazyClient:
+    """A boto3 client built on first use (the first attribute read), once, thread-safely.
+
+    For a process whose first AWS call comes later than its construction: building a client
+    costs a few tenths of a CPU second (boto3's import, the service model and endpoint JSON),
+    which a Coordinator spends better after it launched its readers. Attribute reads are
+    forwarded to the real client (``lazy.list_shards(...)``, ``lazy.meta``).
+
+    Args:
+        build: makes the client (e.g. ``lambda: settings.client("kinesis")``); its errors
+            surface at the first use.
+    """
+
+    def __init__(self, build: Any) -> None:
+        self._build = build
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._build()
+                client = self._client
+        return getattr(client, name)
 
 
 def _botocore_session() -> Any:
