@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 from ..records import Record
@@ -28,7 +29,7 @@ class PullQueueCore:
     """
 
     def __init__(self) -> None:
-        self._waiting: collections.deque[tuple[int, list[Record], asyncio.Future[None]]] = collections.deque()
+        self._waiting: collections.deque[tuple[int, Sequence[Record], asyncio.Future[None]]] = collections.deque()
         self._current: tuple[int, asyncio.Future[None]] | None = None
         self._ids = itertools.count(1)
         self._changed: asyncio.Event | None = None
@@ -39,13 +40,28 @@ class PullQueueCore:
             self._changed = asyncio.Event()
         return self._changed
 
-    async def process_batch(self, records: list[Record]) -> None:
-        """Called by a reader: queue ``records`` (one shard's batch) and return once the driver
-        acknowledges it (``next`` or ``ack``). Never raises; a reader that stops cancels its wait."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((next(self._ids), records, future))
+    async def process_batch(self, records: Sequence[Record]) -> None:
+        """Called by a reader: queue ``records`` (one shard's batch: a compact
+        :class:`~kinesis_actors.batch.RecordBatch`, passed on as it is) and return once the driver
+        acknowledges it (``next`` or ``ack``).
+
+        A reader that stops or loses its lease cancels the call (``ray.cancel``, through
+        :class:`~kinesis_actors.sinks.ActorSink`); Ray then cancels this coroutine, and the
+        batch leaves the queue: ``next`` never hands it to the driver. One the driver
+        already holds stays its current batch (acknowledging it then changes nothing).
+
+        Raises:
+            asyncio.CancelledError: the call was cancelled.
+        """
+        entry = (next(self._ids), records, asyncio.get_running_loop().create_future())
+        self._waiting.append(entry)
         self._event().set()
-        await future
+        try:
+            await entry[2]
+        except asyncio.CancelledError:
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+            raise
 
     def ack(self) -> bool:
         """Acknowledge the batch the driver holds; False if it holds none."""
@@ -56,7 +72,7 @@ class PullQueueCore:
             current[1].set_result(None)
         return True
 
-    async def next(self, timeout_s: float, ack_previous: bool = True) -> list[Record] | None:
+    async def next(self, timeout_s: float, ack_previous: bool = True) -> Sequence[Record] | None:
         """Called by the driver: acknowledge the batch handed out before (if ``ack_previous``),
         then return the next batch, or None after ``timeout_s`` seconds.
 
@@ -72,7 +88,7 @@ class PullQueueCore:
                 raise self._error
             while self._waiting:
                 batch_id, records, future = self._waiting.popleft()
-                if future.done():  # its reader gave up on it (stopped or lost its lease)
+                if future.done():  # its call was cancelled (the reader stopped or lost its lease)
                     continue
                 self._current = (batch_id, future)
                 return records
