@@ -120,3 +120,14 @@ def test_the_table_runs_a_group_in_order_and_reports_a_bad_operation_in_place() 
     assert isinstance(results[2], ValueError) and results[3]["lease_counter"] == 1
     with pytest.raises(ValueError):
         table.call("nope")
+
+
+def test_renewals_fall_due_on_a_grid_late_by_less_than_one_slot() -> None:
+    from kinesis_actors.reader.lease import RENEW_SLOT_S, renewal_slot
+
+    for due in (100.0, 100.01, 100.2, 100.25, 101.7):
+        slot = renewal_slot(due, 3.0)
+        assert due <= slot < due + RENEW_SLOT_S + 1e-9
+        assert abs(slot / RENEW_SLOT_S - round(slot / RENEW_SLOT_S)) < 1e-9
+    assert renewal_slot(100.01, 3.0) == renewal_slot(100.2, 3.0), "renewals due close together share a slot"
+    assert renewal_slot(5.01, 0.5) <= 5.01 + 0.05 + 1e-9, "a short renew interval gets a finer grid"
