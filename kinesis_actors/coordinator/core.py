@@ -150,9 +150,9 @@ class CoordinatorCore:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, timeout_s: float = 120.0) -> None:
-        """The first pass: ``ListShards``, read the table, start the reader pool, take the
-        leases and open each on a reader (each holds its first iterator when this
-        returns); then the tick runs every part.
+        """The first pass: start the smallest reader pool (in the background), ``ListShards``,
+        read the table, grow the pool to the leases, take them and open each on a reader (each
+        holds its first iterator when this returns); then the tick runs every part.
 
         Args:
             timeout_s: the deadline of the whole pass, seconds.
@@ -167,6 +167,10 @@ class CoordinatorCore:
         """
         deadline = self._clock() + timeout_s
         self._task = asyncio.create_task(self._tick_loop(), name=f"coordinator-{self.stream.name}")
+        # The smallest pool starts now, in the background: reader processes start (a second or
+        # more each) while this pass lists the shards and reads the lease table; the pass grows
+        # the pool further once it knows how many leases it takes.
+        self.pool.grow(1)
         try:
             if self.stream.retrieval == "fanout" and self.consumer_arn is None:
                 assert self.stream.consumer_name is not None  # KinesisStream checks it

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -38,6 +39,18 @@ __all__ = ["LeaseKeeper", "CheckpointPacer", "CHECKPOINT_BACKOFF"]
 log = logging.getLogger("kinesis_actors.reader")
 
 CHECKPOINT_BACKOFF = Backoff(base_s=0.2, cap_s=5.0, floor_s=0.05)
+
+RENEW_SLOT_S = 0.25
+"""Renewals fall due on a grid of this many seconds of the monotonic clock (at most a tenth of
+the renew interval): the consumers of one process due in the same slot wake together, and their
+lease-store calls overlap, so MemoryLeaseStore's group commit carries them in a few actor calls."""
+
+
+def renewal_slot(due: float, renew_interval_s: float) -> float:
+    """``due`` (monotonic s) rounded up to the renewal grid (:data:`RENEW_SLOT_S`, at most a
+    tenth of ``renew_interval_s``): a renewal is late by less than one slot."""
+    slot = min(RENEW_SLOT_S, renew_interval_s / 10)
+    return math.ceil(due / slot) * slot
 """Waits between attempts of a checkpoint or renewal the store failed transiently (capped by the renew interval)."""
 
 Write = Callable[[Lease], "Lease | None"]
@@ -229,8 +242,9 @@ class LeaseKeeper:
     # ------------------------------------------------------------------ renew loop
     async def renew_loop(self) -> None:
         """Renew every ``renew_interval_s`` after the last successful write while the loop is
-        alive, until the lease is lost. The first renewal is spread over half an interval,
-        so consumers opened together do not renew in one burst forever after."""
+        alive, until the lease is lost, each on the grid of :func:`renewal_slot`. The first
+        renewal is spread over half an interval, so consumers opened together do not renew in
+        one burst forever after (they share slots, not one instant)."""
         spec = self.spec
         first, failures = True, 0
         while self.lost is None:
@@ -238,7 +252,7 @@ class LeaseKeeper:
             if first:
                 due += self._rng() * spec.renew_interval_s / 2
                 first = False
-            await self._sleep(max(0.0, due - self._clock()))
+            await self._sleep(max(0.0, renewal_slot(due, spec.renew_interval_s) - self._clock()))
             now = self._clock()
             silent = now - self.last_sign_of_life()
             if silent > spec.lease_duration_s:  # the loop is stuck (a hung call): let the lease lapse

@@ -145,6 +145,52 @@ def test_the_budget_never_holds_more_than_its_limit_plus_one_response() -> None:
     assert budget.peak <= 1300
 
 
+def test_each_fetch_coming_back_wakes_one_waiter_in_arrival_order_not_all_of_them() -> None:
+    """Ten fetches wait on a full budget; each fetch that comes back empty makes room for
+    one more and wakes only the first waiter (every fetch used to wake every waiter, which
+    found the budget full again: at the tip of many shards, most of a reader's wake-ups)."""
+    async def scenario() -> None:
+        budget = ByteBudget(1000, max_response=300)
+        assert budget.try_reserve() and budget.try_reserve() and budget.try_reserve()
+        assert not budget.try_reserve()
+        woken: list[int] = []
+        wakeups = [0]
+
+        async def fetch(i: int) -> None:
+            while not budget.try_reserve():
+                await budget.wait_changed(60.0)
+                wakeups[0] += 1
+            woken.append(i)
+
+        tasks = [asyncio.create_task(fetch(i)) for i in range(10)]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        for n in range(1, 4):
+            budget.settle(0)  # one fetch came back empty: room for one
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert woken == list(range(n)), woken
+            assert wakeups[0] == n, f"{wakeups[0]} wake-ups for {n} fetches back"
+        assert budget.reserved == 900 and len(budget._waiters) == 7
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert not budget._waiters, "a cancelled wait leaves the queue"
+
+    asyncio.run(scenario())
+
+
+def test_a_wait_on_the_budget_ends_at_its_timeout_and_leaves_the_queue() -> None:
+    async def scenario() -> None:
+        budget = ByteBudget(300, max_response=300)
+        assert budget.try_reserve()
+        await budget.wait_changed(0.01)
+        assert not budget._waiters and budget.waits == 1
+        assert not budget.try_reserve()
+
+    asyncio.run(scenario())
+
+
 def test_a_stalled_sink_bounds_what_a_reader_holds_and_keeps_every_lease() -> None:
     """20 shards of 64 KiB records behind a sink that does not acknowledge: the reader holds
     at most its budget plus one response, nobody loses a lease, and once the sink recovers
