@@ -37,6 +37,7 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .errors import LeaseStoreError
@@ -533,7 +534,9 @@ class FakeShard:
             raise, ``"hang"`` to block until :attr:`release` is set (at most 30 s; a call
             stuck whatever the client's timeout says), or None to answer normally.
         iterator_faults: AWS error codes the next ``GetShardIterator`` calls raise.
-        calls: monotonic times of the ``GetRecords`` calls.
+        calls: times of the ``GetRecords`` calls, read from :attr:`clock`.
+        clock: the clock :attr:`calls` reads (``time.monotonic`` unless a test sets its
+            fake clock, so call spacing is measured on the reader's clock).
         iterator_requests: the arguments of each ``GetShardIterator``.
         hang_s: seconds every ``GetRecords`` sleeps before answering (a slow shard).
         max_per_call: most records one response holds (AWS stops at 10 MiB), or None.
@@ -567,6 +570,7 @@ class FakeShard:
         self.faults: list[str | None] = []
         self.iterator_faults: list[str] = []
         self.calls: list[float] = []
+        self.clock: Callable[[], float] = time.monotonic
         self.iterator_requests: list[dict[str, Any]] = []
         self.hang_s = 0.0
         self.max_per_call = max_per_call
@@ -608,7 +612,7 @@ class FakeShard:
         return {"ShardIterator": str(pos)}
 
     def get_records(self, *, ShardIterator: str, Limit: int = 10_000) -> dict[str, Any]:
-        self.calls.append(time.monotonic())
+        self.calls.append(self.clock())
         if self.hang_s:
             time.sleep(self.hang_s)
         fault = self.faults.pop(0) if self.faults else None
