@@ -898,12 +898,16 @@ class LocalReader:
 
     Args:
         core: the reader (``kinesis_actors.reader.ShardReaderCore``).
-        start_delay_s: how long ``ping`` takes the first time (an actor starting).
+        start_delay_s: how long ``ping`` takes the first time (an actor starting), seconds
+            of ``sleep``'s clock.
+        sleep: ``async sleep(seconds)`` that delay waits on; default ``asyncio.sleep`` (pass
+            a :class:`FakeClock`'s ``sleep`` to start on fake time).
     """
 
-    def __init__(self, core: Any, *, start_delay_s: float = 0.0) -> None:
+    def __init__(self, core: Any, *, start_delay_s: float = 0.0, sleep: Any = asyncio.sleep) -> None:
         self.core = core
         self.start_delay_s = start_delay_s
+        self._sleep = sleep
         self.dead = False
         self.calls: dict[str, int] = {}
         self.lease_ages: dict[str, float | None] = {}  # shard id -> lease_age_s of its last add
@@ -932,7 +936,7 @@ class LocalReader:
     async def ping(self) -> None:
         self._check("ping")
         if self.start_delay_s:
-            await asyncio.sleep(self.start_delay_s)
+            await self._sleep(self.start_delay_s)
             self.start_delay_s = 0.0
 
     async def add(self, spec: Any, lease: Any, *, lease_age_s: float | None = None) -> Any:
