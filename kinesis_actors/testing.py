@@ -983,7 +983,8 @@ class InlineIo:
         clock: the fake clock whose ``sleep`` a delayed call waits on.
         delay_s: ``delay_s(pool, args)`` -> seconds of fake time a call waits before it
             runs (``pool`` is ``"kinesis"``, ``"store"`` or ``"stream"``; ``args`` the call's
-            arguments, a store write's first one being the Lease); default none.
+            arguments, a store write's first one being the Lease; for ``"kinesis"``, the
+            shard id the call is for, then the call's arguments); default none.
         threads: most calls of one pool running at once (a delayed call holds its place
             while it waits, like a thread of ``ReaderIo``'s pools); None: no bound.
 
@@ -999,21 +1000,21 @@ class InlineIo:
         self.hang_store = False
         self.hung = 0
 
-    async def _run(self, pool: str, fn: Any, args: tuple[Any, ...]) -> Any:
+    async def _run(self, pool: str, fn: Any, args: tuple[Any, ...], seen: tuple[Any, ...] | None = None) -> Any:
         slots = self._pools[pool]
         if slots is not None:
             async with slots:
-                return await self._call(fn, args, pool)
-        return await self._call(fn, args, pool)
+                return await self._call(fn, args, pool, args if seen is None else seen)
+        return await self._call(fn, args, pool, args if seen is None else seen)
 
-    async def _call(self, fn: Any, args: tuple[Any, ...], pool: str) -> Any:
-        wait = self.delay_s(pool, args) if self.delay_s is not None else 0.0
+    async def _call(self, fn: Any, args: tuple[Any, ...], pool: str, seen: tuple[Any, ...]) -> Any:
+        wait = self.delay_s(pool, seen) if self.delay_s is not None else 0.0
         if wait:
             await self.clock.sleep(wait)
         return fn(*args)
 
     async def kinesis(self, fn: Any, *args: Any, limited: bool = True, shard: str | None = None) -> Any:
-        return await self._run("kinesis", fn, args)
+        return await self._run("kinesis", fn, args, (shard, *args))
 
     async def stream(self, fn: Any, *args: Any) -> Any:
         return await self._run("stream", fn, args)

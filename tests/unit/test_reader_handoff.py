@@ -11,8 +11,7 @@ from kinesis_actors.reader import ConsumerState, ReaderSpec
 from kinesis_actors.records import StartAt
 from kinesis_actors.testing import FakeClock
 
-from .test_reader_core import (SHARD, STREAM, FakeShard, InProcessLeaseStore, Recorder, clock_of, consumer, finish,
-                               make_reader, until)
+from .test_reader_core import SHARD, STREAM, FakeShard, InProcessLeaseStore, Recorder, clock_of, consumer, finish, make_reader, until
 
 
 class SlowRecorder(Recorder):
