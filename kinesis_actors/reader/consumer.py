@@ -380,7 +380,7 @@ class ShardConsumer:
     # ---------------------------------------------------------------- delivery
     def _alive(self) -> None:
         self.keeper.alive()
-        reader_tick(self.spec, self.stats)  # metrics: per step, rate-limited, never per record
+        reader_tick(self.spec, self.stats, now=self._clock())  # metrics: per step, rate-limited (injected clock)
 
     def _note_lag(self, got: Fetched) -> None:
         """``millis_behind_latest``: the service's figure, or the newest record's age if larger."""
