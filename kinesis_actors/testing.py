@@ -877,6 +877,29 @@ class FakeClock:
         pending = [due for due, future in self._sleepers if not future.done()]
         return max(0.0, min(pending) - self()) if pending else None
 
+    async def until(self, cond: Callable[[], Any], *, within_s: float, what: str = "the condition",
+                    step_s: float = 0.01) -> None:
+        """Drive the clock (:meth:`run_for` steps of ``step_s``) until ``cond()`` is true.
+
+        Raises:
+            AssertionError: ``within_s`` seconds of this clock passed first (a test failure
+                naming ``what``).
+        """
+        end = self() + within_s
+        while not cond():
+            assert self() < end, f"not within {within_s} s of the fake clock: {what}"
+            await self.run_for(step_s)
+
+    async def finish(self, work: Any, *, within_s: float = 60.0, step_s: float = 0.01) -> Any:
+        """Drive the clock until the awaitable ``work`` is done; its result (or its exception).
+
+        Raises:
+            AssertionError: not done within ``within_s`` seconds of this clock.
+        """
+        task = asyncio.ensure_future(work)
+        await self.until(task.done, within_s=within_s, what="the call to return", step_s=step_s)
+        return task.result()
+
     async def run_for(self, seconds: float, *, step_s: float = 0.01) -> None:
         """Move the clock ``seconds`` forward in steps of at most ``step_s``, letting the event
         loop run every ready task between steps (no wall-clock sleep)."""

@@ -56,17 +56,13 @@ def instance(owner: str, store: InProcessLeaseStore, kinesis: FakeKinesis, deliv
 
 async def until(clock: FakeClock, cond: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Drive ``clock`` in 20 ms steps until ``cond()``; AssertionError after ``timeout_s`` of fake time."""
-    end = clock() + timeout_s
-    while not cond():
-        assert clock() < end, f"timed out waiting for {what} (fake clock)"
-        await clock.run_for(0.02)
+    await clock.until(cond, within_s=timeout_s, what=what, step_s=0.02)
 
 
 async def finish(clock: FakeClock, work: Awaitable[T], timeout_s: float = 30.0) -> T:
     """Drive ``clock`` until ``work`` is done; its result."""
-    task = asyncio.ensure_future(work)
-    await until(clock, task.done, timeout_s, "the call to return")
-    return task.result()
+    result: T = await clock.finish(work, within_s=timeout_s, step_s=0.02)
+    return result
 
 
 def owners(store: InProcessLeaseStore) -> collections.Counter[str | None]:

@@ -196,16 +196,12 @@ class Recorder:
 
 async def until(clock: FakeClock, cond: Any, within_s: float = 5.0) -> None:
     """Drive ``clock`` in 10 ms steps until ``cond()``; AssertionError after ``within_s`` of fake time."""
-    end = clock() + within_s
-    while not cond():
-        assert clock() < end, "condition not met in time (fake clock)"
-        await clock.run_for(0.01)
+    await clock.until(cond, within_s=within_s)
 
 
 async def finish(clock: FakeClock, work: Any, within_s: float = 5.0) -> Any:
-    task = asyncio.ensure_future(work)
-    await until(clock, task.done, within_s)
-    return task.result()
+    """Drive ``clock`` until ``work`` is done; its result."""
+    return await clock.finish(work, within_s=within_s)
 
 
 async def run_until(consumer: ShardConsumer, cond: Any, timeout_s: float = 5.0) -> ConsumerState:
@@ -303,10 +299,10 @@ def test_latest_is_pinned_as_a_timestamp_and_subscribes_at_latest() -> None:
 
 
 def test_a_full_byte_budget_drops_the_subscription_and_resubscribes_after_the_last_ack() -> None:
-    shard, store, sink = FakeShard(4), InProcessLeaseStore(), Recorder()
-    budget = ByteBudget(1000, max_response=1000)
-    consumer = make_consumer(shard, store, sink, budget=budget)
-    clock = _CLOCKS[consumer]
+    clock = FakeClock()
+    shard, store, sink = FakeShard(4), InProcessLeaseStore(clock=clock), Recorder()
+    budget = ByteBudget(1000, max_response=1000, sleep=clock.sleep)  # waits for room on the fake clock
+    consumer = make_consumer(shard, store, sink, budget=budget, clock=clock)
 
     async def scenario() -> ConsumerState:
         task = asyncio.create_task(consumer.run())

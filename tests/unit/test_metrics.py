@@ -148,11 +148,7 @@ def test_the_reader_calls_the_hook_and_stats_carry_the_exported_figures(sink: Re
     reader = ShardConsumer(spec, lease, store, deliver, FakeShard(30), clock=clock, sleep=clock.sleep,
                            io=InlineIo(clock))  # type: ignore[arg-type]
 
-    async def finish(work: Any) -> Any:
-        task = asyncio.ensure_future(work)
-        while not task.done():
-            await clock.run_for(0.01)
-        return task.result()
+    finish = clock.finish
 
     async def main() -> None:
         await finish(reader.open())

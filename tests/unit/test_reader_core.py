@@ -68,17 +68,13 @@ def clock_of(reader: ShardConsumer) -> FakeClock:
 
 async def until(clock: FakeClock, cond: Callable[[], Any], within_s: float = 5.0, what: str = "condition") -> None:
     """Drive ``clock`` in 10 ms steps until ``cond()``; AssertionError after ``within_s`` of fake time."""
-    end = clock() + within_s
-    while not cond():
-        assert clock() < end, f"not within {within_s} s of the fake clock: {what}"
-        await clock.run_for(0.01)
+    await clock.until(cond, within_s=within_s, what=what)
 
 
 async def finish(clock: FakeClock, work: Awaitable[T], within_s: float = 5.0) -> T:
     """Drive ``clock`` until ``work`` is done (within ``within_s`` of fake time); its result."""
-    task = asyncio.ensure_future(work)
-    await until(clock, task.done, within_s, "the call to return")
-    return task.result()
+    result: T = await clock.finish(work, within_s=within_s)
+    return result
 
 
 async def run_until(reader: ShardConsumer, cond: Any, timeout_s: float = 5.0) -> str:

@@ -30,17 +30,13 @@ T = TypeVar("T")
 
 async def until(clock: FakeClock, cond: Callable[[], Any], timeout_s: float, what: str) -> None:
     """Drive ``clock`` in 10 ms steps until ``cond()``; AssertionError after ``timeout_s`` of fake time."""
-    end = clock() + timeout_s
-    while not cond():
-        assert clock() < end, f"not within {timeout_s} s of the fake clock: {what}"
-        await clock.run_for(0.01)
+    await clock.until(cond, within_s=timeout_s, what=what)
 
 
 async def finish(clock: FakeClock, work: Awaitable[T], timeout_s: float = 60.0) -> T:
     """Drive ``clock`` until ``work`` is done; its result."""
-    task = asyncio.ensure_future(work)
-    await until(clock, task.done, timeout_s, "the call to return")
-    return task.result()
+    result: T = await clock.finish(work, within_s=timeout_s)
+    return result
 
 
 class Instance:
