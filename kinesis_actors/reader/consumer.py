@@ -393,7 +393,7 @@ class ShardConsumer:
     # ---------------------------------------------------------------- delivery
     def _alive(self) -> None:
         self.keeper.alive()
-        reader_tick(self.spec, self.stats)  # metrics: per step, rate-limited, never per record
+        reader_tick(self.spec, self.stats, now=self._clock())  # metrics: per step, rate-limited (injected clock)
 
     async def _deliver_and_checkpoint(self, batch: Sequence[Record]) -> None:
         """The one place a batch goes downstream: confirm the lease, deliver through the

@@ -13,7 +13,7 @@ import pytest
 
 from kinesis_actors import StartAt, metrics
 from kinesis_actors.reader import ReaderSpec, ShardConsumer
-from kinesis_actors.testing import FakeShard, InProcessLeaseStore
+from kinesis_actors.testing import FakeClock, FakeShard, InlineIo, InProcessLeaseStore
 
 STREAM, SHARD = "s", "shardId-000000000000"
 
@@ -139,7 +139,8 @@ def test_without_ray_nothing_is_exported_but_stats_get_the_age() -> None:
 def test_the_reader_calls_the_hook_and_stats_carry_the_exported_figures(sink: RecordingSink,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(metrics, "EXPORT_INTERVAL_S", 0.5)
-    store = InProcessLeaseStore()
+    clock = FakeClock()  # the reader's clock, sleep and export interval; its calls inline
+    store = InProcessLeaseStore(clock=clock)
     lease = store.take(STREAM, SHARD, owner="me", duration_s=2.0)
     spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=StartAt.trim_horizon(),
                       lease_duration_s=2.0, renew_interval_s=0.2, max_records=7, idle_wait_s=0.01)
@@ -148,18 +149,21 @@ def test_the_reader_calls_the_hook_and_stats_carry_the_exported_figures(sink: Re
     async def deliver(records: list[Any]) -> None:
         delivered.extend(records)
 
-    reader = ShardConsumer(spec, lease, store, deliver, FakeShard(30))
+    reader = ShardConsumer(spec, lease, store, deliver, FakeShard(30), clock=clock, sleep=clock.sleep,
+                           io=InlineIo(clock))  # type: ignore[arg-type]
+
+    finish = clock.finish
 
     async def main() -> None:
-        await reader.open()
+        await finish(reader.open())
         task = asyncio.create_task(reader.run())
         for _ in range(500):
             if reader.stats["records"] == 30:
                 break
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(metrics.EXPORT_INTERVAL_S + 0.3)  # at least one export after the last batch
-        await reader.stop()
-        await task
+            await clock.run_for(0.01)
+        await clock.run_for(metrics.EXPORT_INTERVAL_S + 0.3)  # at least one export after the last batch
+        await finish(reader.stop())
+        await finish(task)
 
     asyncio.run(main())
     assert len(delivered) == 30
