@@ -43,6 +43,15 @@ def core(fn: Recorder, **kwargs: Any) -> DatasetSinkCore:
     return DatasetSinkCore(fn, to_dataset=pa.concat_tables, **options)
 
 
+async def until(condition: Any, within_s: float = 5.0) -> None:
+    """Wait for ``condition()`` on the event loop, failing after ``within_s`` seconds."""
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), within_s)
+
+
 def test_a_window_closes_on_time_and_holds_every_batch_sent_meanwhile() -> None:
     fn = Recorder()
     sink = core(fn, window_s=0.2)
@@ -74,9 +83,8 @@ def test_a_batch_returns_only_when_fn_returned_for_its_window() -> None:
 
     async def main() -> None:
         call = asyncio.ensure_future(sink.process_batch(batch("a", 0, 3)))
-        await asyncio.sleep(0.3)  # the window closed; fn is blocked on the gate
+        await until(lambda: sink.stats()["windows_waiting"] == 1)  # the window closed; fn is blocked on the gate
         assert not call.done()
-        assert sink.stats()["windows_waiting"] == 1
         fn.gate.set()
         await asyncio.wait_for(call, 5)
 
@@ -106,7 +114,7 @@ def test_flush_closes_the_open_window() -> None:
 
     async def main() -> None:
         call = asyncio.ensure_future(sink.process_batch(batch("a", 0, 3)))
-        await asyncio.sleep(0.05)
+        await until(lambda: sink.stats()["open_window_records"] == 3)
         assert await sink.flush(5)
         await asyncio.wait_for(call, 1)
 
