@@ -144,6 +144,7 @@ class _Child:
     def __init__(self, name: str, cmd: list[str], env: dict[str, str], cwd: str | None = None) -> None:
         self.name = name
         self.err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (read back on failure)
+        self._tail = ""
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.err, text=True, env=env, cwd=cwd)
         self.events: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -182,13 +183,22 @@ class _Child:
         return st["held"] if st else []
 
     def stderr_tail(self) -> str:
+        if self.err.closed:
+            return self._tail
         self.err.seek(0)
         return self.err.read()[-600:]
 
     def kill(self) -> None:
+        """SIGKILL (if still running), then close its pipe and stderr file (the tail stays readable)."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=30)
+        self._eof.wait(5)  # the reader thread ends at the pipe's end
+        if not self.err.closed:
+            self._tail = self.stderr_tail()
+            self.err.close()
+        if self.proc.stdout is not None and self._eof.is_set():
+            self.proc.stdout.close()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM (the worker's graceful stop), SIGKILL if it has not exited after ``timeout_s``."""
