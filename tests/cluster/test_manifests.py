@@ -5,6 +5,7 @@ schema the ray package ships, the IAM policy's actions; the pipeline's flags and
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import pathlib
@@ -267,3 +268,32 @@ def test_the_pipeline_reads_flags_over_environment() -> None:
     stream = pipeline.stream_config(fan)
     assert (stream.retrieval, stream.consumer_name) == ("fanout", "orders-app")
     assert pipeline.start_position("2024-01-01T00:00:00").timestamp_ms == 1704067200000
+
+
+def test_the_pipeline_sets_the_sizing_knobs_and_a_kcl_lease_table() -> None:
+    sys.path.insert(0, str(CLUSTER))
+    try:
+        import pipeline
+    finally:
+        sys.path.remove(str(CLUSTER))
+    from kinesis_actors import DynamoLeaseStore, KclLeaseStore, KinesisStream
+
+    env = {"KA_STREAM": "orders", "KA_KCL_APPLICATION": "orders-app", "KA_MAX_SHARDS_PER_READER": "10",
+           "KA_MIN_CHECKPOINT_INTERVAL_S": "5", "KA_LEASE_POLL_INTERVAL_S": "4", "KA_READER_NUM_CPUS": "1"}
+    cfg = pipeline.parse_args([], env)
+    stream = pipeline.stream_config(cfg)
+    assert (stream.max_shards_per_reader, stream.min_checkpoint_interval_s, stream.lease_poll_interval_s) == (
+        10, 5.0, 4.0)
+    assert stream.reader_options == {"num_cpus": 1.0}
+    assert isinstance(pipeline.lease_store(cfg), KclLeaseStore)
+    flags = pipeline.parse_args(["--max-shards-per-reader", "50"], env)
+    assert pipeline.stream_config(flags).max_shards_per_reader == 50  # a flag wins over its variable
+    unset = pipeline.parse_args(["--stream", "orders", "--lease-table", "orders-leases"], {})
+    defaults = KinesisStream("orders")
+    assert pipeline.stream_config(unset) == dataclasses.replace(defaults, start_at=pipeline.stream_config(unset).start_at)
+    store = pipeline.lease_store(unset)
+    assert isinstance(store, DynamoLeaseStore) and not isinstance(store, KclLeaseStore)
+    with pytest.raises(SystemExit):
+        pipeline.parse_args(["--lease-table", "t"], env)  # a KCL table and a lease table: which one?
+    with pytest.raises(SystemExit):
+        pipeline.parse_args(["--create-lease-table"], env)  # a KCL table is never created
