@@ -3,10 +3,13 @@
 Run on a Ray cluster (the job's ``working_dir`` is this directory)::
 
     ray job submit --address http://HEAD:8265 \\
-        --runtime-env-json '{"working_dir": "cluster", "pip": ["kinesis-actors"],
-                             "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60"}}' \\
-        -- python pipeline.py --stream orders --lease-table orders-leases \\
-                              --sink parquet:s3://my-bucket/orders/
+      --runtime-env-json '{"working_dir": "cluster",
+                           "env_vars": {"KA_OWNER_ID": "orders-pipeline", "RAY_JOB_STOP_WAIT_TIME_S": "60"}}' \\
+      -- python pipeline.py --stream orders --lease-table orders-leases --region us-east-1 \\
+                            --sink parquet:s3://example-bucket/orders/ --start-at trim_horizon
+
+(the command of cluster/README.md, on two lines; the package must be installed on the nodes, or add
+``"py_modules"`` or ``"pip": ["kinesis-actors"]`` to the runtime env).
 
 Every flag has an environment variable (``KA_STREAM``, ``KA_LEASE_TABLE``, ``KA_SINK``...,
 see ``--help``); a flag wins over its variable. Credentials come from the node (an EC2
@@ -14,7 +17,9 @@ instance profile, EKS IRSA or pod identity) through boto3's default chain: never
 keys on the command line or in files. ``--test-credentials`` is for emulators only.
 
 Instances of this job (on one cluster or several) split the stream's shards through the
-lease table; each instance needs its own ``--owner-id`` (default: host name + random).
+lease table; each instance needs its own ``--owner-id`` (default: host name + random). Keep
+it the same across submissions (``KA_OWNER_ID``): a resubmitted job then takes its own
+leases back at once instead of waiting for them to expire.
 
 ``--fanout CONSUMER_NAME`` (``KA_FANOUT``) reads with enhanced fan-out through the stream
 consumer of that name (registered on the first run, reused after; never deregistered by
