@@ -25,9 +25,10 @@ KUBERAY_SCHEMAS = REPO.parent / "shared" / "schemas" / "kuberay"
 
 PACKAGE = REPO / "kinesis_actors"
 # What a job such as cluster/pipeline.py runs: the library, not its tools (the emulator, the demo, the
-# console commands, the test kit). Enhanced fan-out lives in fanout.py alone.
+# console commands, the test kit). Enhanced fan-out lives in the fanout modules alone (fanout.py: its
+# events and fetcher; fanout_http.py: SubscribeToShard; fanout_consumer.py: the stream consumer).
 NOT_ON_THE_JOB_PATH = ("emulator/", "demo/", "cli.py", "console.py", "testing.py")
-FANOUT_MODULE = "fanout.py"
+FANOUT_MODULES = ("fanout.py", "fanout_http.py", "fanout_consumer.py")
 # Operations in the library that the policy leaves out on purpose, each behind an explicit opt-in the
 # pipeline does not make (cluster/README.md says how to add them).
 OPT_IN = {
@@ -55,14 +56,14 @@ def aws_operations() -> dict[str, tuple[str, str]]:
 def operations_called(*, fanout: bool) -> dict[str, set[str]]:
     """IAM actions of the AWS operations the library's source calls on a job's path: boto3 client
     methods (``client.get_records(...)``) and operation names given to botocore as strings
-    (``"SubscribeToShard"``, signed and sent by fanout.py) -> the modules that call them."""
+    (``"SubscribeToShard"``, signed and sent by fanout_http.py) -> the modules that call them."""
     import ast
 
     ops = aws_operations()
     found: dict[str, set[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel.startswith(NOT_ON_THE_JOB_PATH) or (rel == FANOUT_MODULE and not fanout):
+        if rel.startswith(NOT_ON_THE_JOB_PATH) or (rel in FANOUT_MODULES and not fanout):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             name = None
@@ -241,7 +242,7 @@ def test_the_policy_allows_exactly_the_calls_of_each_mode(fanout: bool) -> None:
 def test_the_call_collection_sees_both_ways_of_calling_aws() -> None:
     called = operations_called(fanout=True)
     assert "leases/dynamodb.py" in called["dynamodb:UpdateItem"]  # a boto3 client method
-    assert "fanout.py" in called["kinesis:SubscribeToShard"]  # an operation name signed by botocore
+    assert "fanout_http.py" in called["kinesis:SubscribeToShard"]  # an operation name signed by botocore
 
 
 def test_the_pipeline_reads_flags_over_environment() -> None:
