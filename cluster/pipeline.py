@@ -8,7 +8,7 @@ Run on a Ray cluster (the job's ``working_dir`` is this directory)::
       -- python pipeline.py --stream orders --lease-table orders-leases --region us-east-1 \\
                             --sink parquet:s3://example-bucket/orders/ --start-at trim_horizon
 
-(the command of cluster/README.md, on two lines; the package must be installed on the nodes, or add
+(the command of cluster/README.md, its JSON wrapped; the package must be installed on the nodes, or add
 ``"py_modules"`` or ``"pip": ["kinesis-actors"]`` to the runtime env).
 
 Every flag has an environment variable (``KA_STREAM``, ``KA_LEASE_TABLE``, ``KA_SINK``...,
