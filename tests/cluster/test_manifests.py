@@ -245,12 +245,18 @@ def test_the_call_collection_sees_both_ways_of_calling_aws() -> None:
     assert "fanout_http.py" in called["kinesis:SubscribeToShard"]  # an operation name signed by botocore
 
 
-def test_the_pipeline_reads_flags_over_environment() -> None:
+def import_pipeline() -> Any:
+    """cluster/pipeline.py as a module (it is a script, not part of the package)."""
     sys.path.insert(0, str(CLUSTER))
     try:
         import pipeline
     finally:
         sys.path.remove(str(CLUSTER))
+    return pipeline
+
+
+def test_the_pipeline_reads_flags_over_environment() -> None:
+    pipeline = import_pipeline()
     env = {"KA_STREAM": "orders", "KA_LEASE_TABLE": "orders-leases", "KA_SINK": "parquet:/tmp/x",
            "KA_WINDOW_S": "2.5", "KA_TEST_CREDENTIALS": "1"}
     cfg = pipeline.parse_args([], env)
@@ -272,11 +278,7 @@ def test_the_pipeline_reads_flags_over_environment() -> None:
 
 
 def test_the_pipeline_sets_the_sizing_knobs_and_a_kcl_lease_table() -> None:
-    sys.path.insert(0, str(CLUSTER))
-    try:
-        import pipeline
-    finally:
-        sys.path.remove(str(CLUSTER))
+    pipeline = import_pipeline()
     from kinesis_actors import DynamoLeaseStore, KclLeaseStore, KinesisStream
 
     env = {"KA_STREAM": "orders", "KA_KCL_APPLICATION": "orders-app", "KA_MAX_SHARDS_PER_READER": "10",
