@@ -3,10 +3,13 @@
 Run on a Ray cluster (the job's ``working_dir`` is this directory)::
 
     ray job submit --address http://HEAD:8265 \\
-        --runtime-env-json '{"working_dir": "cluster", "pip": ["kinesis-actors"],
-                             "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60"}}' \\
-        -- python pipeline.py --stream orders --lease-table orders-leases \\
-                              --sink parquet:s3://my-bucket/orders/
+      --runtime-env-json '{"working_dir": "cluster",
+                           "env_vars": {"KA_OWNER_ID": "orders-pipeline", "RAY_JOB_STOP_WAIT_TIME_S": "60"}}' \\
+      -- python pipeline.py --stream orders --lease-table orders-leases --region us-east-1 \\
+                            --sink parquet:s3://example-bucket/orders/ --start-at trim_horizon
+
+(the command of cluster/README.md, its JSON wrapped; the package must be installed on the nodes, or add
+``"py_modules"`` or ``"pip": ["kinesis-actors"]`` to the runtime env).
 
 Every flag has an environment variable (``KA_STREAM``, ``KA_LEASE_TABLE``, ``KA_SINK``...,
 see ``--help``); a flag wins over its variable. Credentials come from the node (an EC2
@@ -14,11 +17,20 @@ instance profile, EKS IRSA or pod identity) through boto3's default chain: never
 keys on the command line or in files. ``--test-credentials`` is for emulators only.
 
 Instances of this job (on one cluster or several) split the stream's shards through the
-lease table; each instance needs its own ``--owner-id`` (default: host name + random).
+lease table; each instance needs its own ``--owner-id`` (default: host name + random). Keep
+it the same across submissions (``KA_OWNER_ID``): a resubmitted job then takes its own
+leases back at once instead of waiting for them to expire.
 
 ``--fanout CONSUMER_NAME`` (``KA_FANOUT``) reads with enhanced fan-out through the stream
 consumer of that name (registered on the first run, reused after; never deregistered by
 the job): the IAM policy's two ``EnhancedFanOut`` statements are then needed.
+
+Sizing knobs (docs/production.md, "Sizing"): ``--max-shards-per-reader``,
+``--reader-num-cpus`` (readers default to ``num_cpus=0``; set it so Ray places no more
+readers on a node than it has cores), ``--min-checkpoint-interval-s``,
+``--lease-poll-interval-s``; unset, each is the library's default. ``--kcl-application APP``
+(``KA_KCL_APPLICATION``) uses the existing lease table of a KCL application instead of
+``--lease-table`` (:class:`~kinesis_actors.KclLeaseStore`).
 
 The sink is a :class:`~kinesis_actors.DatasetSink`: every ``--window-s`` seconds (or
 ``--window-records`` records) the records gathered from the readers become a
@@ -77,6 +89,11 @@ class Config:
     lease_duration_s: float = 10.0
     renew_interval_s: float = 3.0
     fanout: str | None = None
+    kcl_application: str | None = None
+    max_shards_per_reader: int | None = None
+    min_checkpoint_interval_s: float | None = None
+    lease_poll_interval_s: float | None = None
+    reader_num_cpus: float | None = None
 
 
 _ENV = {"stream": "KA_STREAM", "lease_table": "KA_LEASE_TABLE", "sink": "KA_SINK", "endpoint": "KA_ENDPOINT",
@@ -84,7 +101,13 @@ _ENV = {"stream": "KA_STREAM", "lease_table": "KA_LEASE_TABLE", "sink": "KA_SINK
         "start_at": "KA_START_AT", "create_lease_table": "KA_CREATE_LEASE_TABLE", "window_s": "KA_WINDOW_S",
         "window_records": "KA_WINDOW_RECORDS", "batch_format": "KA_BATCH_FORMAT", "max_records": "KA_MAX_RECORDS",
         "duration_s": "KA_DURATION_S", "progress_s": "KA_PROGRESS_S", "lease_duration_s": "KA_LEASE_DURATION_S",
-        "renew_interval_s": "KA_RENEW_INTERVAL_S", "fanout": "KA_FANOUT"}
+        "renew_interval_s": "KA_RENEW_INTERVAL_S", "fanout": "KA_FANOUT",
+        "kcl_application": "KA_KCL_APPLICATION", "max_shards_per_reader": "KA_MAX_SHARDS_PER_READER",
+        "min_checkpoint_interval_s": "KA_MIN_CHECKPOINT_INTERVAL_S",
+        "lease_poll_interval_s": "KA_LEASE_POLL_INTERVAL_S", "reader_num_cpus": "KA_READER_NUM_CPUS"}
+
+# The KinesisStream knobs the job passes on only when set (unset: the library's own default).
+_STREAM_KNOBS = ("max_shards_per_reader", "min_checkpoint_interval_s", "lease_poll_interval_s")
 
 
 def _bool(text: str) -> bool:
@@ -108,7 +131,9 @@ def parse_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None
                             help=f"{help_} (env {var}; default {default!r})", **kw)
 
     option("stream", str, "Kinesis stream to read")
-    option("lease_table", str, "DynamoDB lease table")
+    option("lease_table", str, "DynamoDB lease table (this library's layout)")
+    option("kcl_application", str, "instead of --lease-table: the KCL application whose existing lease table "
+           "(named after it) the job shares with KCL workers (KclLeaseStore)", metavar="APP")
     option("sink", str, "parquet:<path or s3:// URI>, or null")
     option("endpoint", str, "endpoint URL (an emulator); unset for AWS")
     option("region", str, "AWS region (else AWS_REGION / the default chain)")
@@ -124,14 +149,26 @@ def parse_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None
     option("renew_interval_s", float, "lease renewal interval, seconds")
     option("fanout", str, "read with enhanced fan-out through this stream consumer name (SubscribeToShard)",
            metavar="CONSUMER_NAME")
+    option("max_shards_per_reader", int, "most shard leases per ShardReader process (unset: the library's 128); "
+           "keep shards per reader × MB/s per shard × 0.10 <= 1")
+    option("min_checkpoint_interval_s", float, "shortest time between two checkpoint writes of a shard, seconds "
+           "(unset: 0, one per acknowledged batch)")
+    option("lease_poll_interval_s", float, "seconds between the Coordinator's lease-table scans (unset: 2)")
+    option("reader_num_cpus", float, "num_cpus of each ShardReader actor (unset: 0), so Ray places at most "
+           "cores / this many readers per node")
     for name, help_ in (("test_credentials", "fixed dummy keys, for emulators only"),
                         ("create_lease_table", "create the lease table if missing (needs dynamodb:CreateTable)")):
         var = _ENV[name]
         parser.add_argument("--" + name.replace("_", "-"), action="store_true",
                             default=_bool(env.get(var, "0")), help=f"{help_} (env {var}=1)")
     args = parser.parse_args(argv)
-    if not args.stream or not args.lease_table:
-        parser.error("--stream and --lease-table (or KA_STREAM and KA_LEASE_TABLE) are required")
+    if not args.stream or not (args.lease_table or args.kcl_application):
+        parser.error("--stream and --lease-table or --kcl-application (or KA_STREAM and KA_LEASE_TABLE or "
+                     "KA_KCL_APPLICATION) are required")
+    if args.lease_table and args.kcl_application:
+        parser.error("give --lease-table or --kcl-application, not both")
+    if args.kcl_application and args.create_lease_table:
+        parser.error("--create-lease-table does not apply to --kcl-application (a KCL table must exist)")
     if args.sink != "null" and not args.sink.startswith("parquet:"):
         parser.error(f"--sink must be parquet:<path> or null, got {args.sink!r}")
     return Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
@@ -185,17 +222,35 @@ def stream_config(cfg: Config) -> Any:
     """
     from kinesis_actors import KinesisStream
 
-    retrieval = {"retrieval": "fanout", "consumer_name": cfg.fanout} if cfg.fanout else {}
-    return KinesisStream(cfg.stream, start_at=start_position(cfg.start_at), **retrieval)
+    options: dict[str, Any] = {"retrieval": "fanout", "consumer_name": cfg.fanout} if cfg.fanout else {}
+    options.update({name: getattr(cfg, name) for name in _STREAM_KNOBS if getattr(cfg, name) is not None})
+    if cfg.reader_num_cpus is not None:
+        options["reader_options"] = {"num_cpus": cfg.reader_num_cpus}
+    return KinesisStream(cfg.stream, start_at=start_position(cfg.start_at), **options)
+
+
+def lease_store(cfg: Config) -> Any:
+    """The job's lease store: a ``KclLeaseStore`` of ``cfg.kcl_application`` (an existing KCL table,
+    checked at ``connect()``), else a ``DynamoLeaseStore`` of ``cfg.lease_table``. No I/O here;
+    endpoint, region and credentials are the broker's.
+
+    Raises:
+        InvalidError: a malformed application or table name (before any AWS call).
+    """
+    from kinesis_actors import DynamoLeaseStore, KclLeaseStore
+
+    if cfg.kcl_application:
+        return KclLeaseStore(cfg.kcl_application)
+    return DynamoLeaseStore(cfg.lease_table, create_if_missing=cfg.create_lease_table)
 
 
 def run(cfg: Config, stop: threading.Event) -> int:
     """Subscribe and write until ``stop`` is set (SIGTERM, SIGINT), ``max_records`` or
     ``duration_s``; then close cleanly. Returns the exit code."""
-    from kinesis_actors import DatasetSink, DynamoLeaseStore, KinesisBroker
+    from kinesis_actors import DatasetSink, KinesisBroker
 
     broker = KinesisBroker(endpoint=cfg.endpoint, region=cfg.region, test_credentials=cfg.test_credentials,
-                           lease_store=DynamoLeaseStore(cfg.lease_table, create_if_missing=cfg.create_lease_table),
+                           lease_store=lease_store(cfg),
                            owner_id=cfg.owner_id, lease_duration_s=cfg.lease_duration_s,
                            renew_interval_s=cfg.renew_interval_s)
     conn = broker.connect()
@@ -208,7 +263,8 @@ def run(cfg: Config, stop: threading.Event) -> int:
     try:
         sub = conn.subscribe(stream_config(cfg), sink=sink)
         install_stop_signals(stop)  # again: subscribe() started Ray, whose core worker replaces SIGTERM's handler
-        emit("started", stream=cfg.stream, lease_table=cfg.lease_table, owner_id=conn.owner_id, sink=cfg.sink,
+        emit("started", stream=cfg.stream, lease_table=cfg.kcl_application or cfg.lease_table,
+             owner_id=conn.owner_id, sink=cfg.sink,
              retrieval="fanout" if cfg.fanout else "polling",
              shards=sorted(sub.stats()["shards"]))
         next_progress = started + cfg.progress_s

@@ -5,6 +5,7 @@ schema the ray package ships, the IAM policy's actions; the pipeline's flags and
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import pathlib
@@ -24,9 +25,10 @@ KUBERAY_SCHEMAS = REPO.parent / "shared" / "schemas" / "kuberay"
 
 PACKAGE = REPO / "kinesis_actors"
 # What a job such as cluster/pipeline.py runs: the library, not its tools (the emulator, the demo, the
-# console commands, the test kit). Enhanced fan-out lives in fanout.py alone.
+# console commands, the test kit). Enhanced fan-out lives in the fanout modules alone (fanout.py: its
+# events and fetcher; fanout_http.py: SubscribeToShard; fanout_consumer.py: the stream consumer).
 NOT_ON_THE_JOB_PATH = ("emulator/", "demo/", "cli.py", "console.py", "testing.py")
-FANOUT_MODULE = "fanout.py"
+FANOUT_MODULES = ("fanout.py", "fanout_http.py", "fanout_consumer.py")
 # Operations in the library that the policy leaves out on purpose, each behind an explicit opt-in the
 # pipeline does not make (cluster/README.md says how to add them).
 OPT_IN = {
@@ -54,14 +56,14 @@ def aws_operations() -> dict[str, tuple[str, str]]:
 def operations_called(*, fanout: bool) -> dict[str, set[str]]:
     """IAM actions of the AWS operations the library's source calls on a job's path: boto3 client
     methods (``client.get_records(...)``) and operation names given to botocore as strings
-    (``"SubscribeToShard"``, signed and sent by fanout.py) -> the modules that call them."""
+    (``"SubscribeToShard"``, signed and sent by fanout_http.py) -> the modules that call them."""
     import ast
 
     ops = aws_operations()
     found: dict[str, set[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel.startswith(NOT_ON_THE_JOB_PATH) or (rel == FANOUT_MODULE and not fanout):
+        if rel.startswith(NOT_ON_THE_JOB_PATH) or (rel in FANOUT_MODULES and not fanout):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             name = None
@@ -240,15 +242,21 @@ def test_the_policy_allows_exactly_the_calls_of_each_mode(fanout: bool) -> None:
 def test_the_call_collection_sees_both_ways_of_calling_aws() -> None:
     called = operations_called(fanout=True)
     assert "leases/dynamodb.py" in called["dynamodb:UpdateItem"]  # a boto3 client method
-    assert "fanout.py" in called["kinesis:SubscribeToShard"]  # an operation name signed by botocore
+    assert "fanout_http.py" in called["kinesis:SubscribeToShard"]  # an operation name signed by botocore
 
 
-def test_the_pipeline_reads_flags_over_environment() -> None:
+def import_pipeline() -> Any:
+    """cluster/pipeline.py as a module (it is a script, not part of the package)."""
     sys.path.insert(0, str(CLUSTER))
     try:
         import pipeline
     finally:
         sys.path.remove(str(CLUSTER))
+    return pipeline
+
+
+def test_the_pipeline_reads_flags_over_environment() -> None:
+    pipeline = import_pipeline()
     env = {"KA_STREAM": "orders", "KA_LEASE_TABLE": "orders-leases", "KA_SINK": "parquet:/tmp/x",
            "KA_WINDOW_S": "2.5", "KA_TEST_CREDENTIALS": "1"}
     cfg = pipeline.parse_args([], env)
@@ -267,3 +275,28 @@ def test_the_pipeline_reads_flags_over_environment() -> None:
     stream = pipeline.stream_config(fan)
     assert (stream.retrieval, stream.consumer_name) == ("fanout", "orders-app")
     assert pipeline.start_position("2024-01-01T00:00:00").timestamp_ms == 1704067200000
+
+
+def test_the_pipeline_sets_the_sizing_knobs_and_a_kcl_lease_table() -> None:
+    pipeline = import_pipeline()
+    from kinesis_actors import DynamoLeaseStore, KclLeaseStore, KinesisStream
+
+    env = {"KA_STREAM": "orders", "KA_KCL_APPLICATION": "orders-app", "KA_MAX_SHARDS_PER_READER": "10",
+           "KA_MIN_CHECKPOINT_INTERVAL_S": "5", "KA_LEASE_POLL_INTERVAL_S": "4", "KA_READER_NUM_CPUS": "1"}
+    cfg = pipeline.parse_args([], env)
+    stream = pipeline.stream_config(cfg)
+    assert (stream.max_shards_per_reader, stream.min_checkpoint_interval_s, stream.lease_poll_interval_s) == (
+        10, 5.0, 4.0)
+    assert stream.reader_options == {"num_cpus": 1.0}
+    assert isinstance(pipeline.lease_store(cfg), KclLeaseStore)
+    flags = pipeline.parse_args(["--max-shards-per-reader", "50"], env)
+    assert pipeline.stream_config(flags).max_shards_per_reader == 50  # a flag wins over its variable
+    unset = pipeline.parse_args(["--stream", "orders", "--lease-table", "orders-leases"], {})
+    defaults = KinesisStream("orders")
+    assert pipeline.stream_config(unset) == dataclasses.replace(defaults, start_at=pipeline.stream_config(unset).start_at)
+    store = pipeline.lease_store(unset)
+    assert isinstance(store, DynamoLeaseStore) and not isinstance(store, KclLeaseStore)
+    with pytest.raises(SystemExit):
+        pipeline.parse_args(["--lease-table", "t"], env)  # a KCL table and a lease table: which one?
+    with pytest.raises(SystemExit):
+        pipeline.parse_args(["--create-lease-table"], env)  # a KCL table is never created

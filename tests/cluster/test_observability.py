@@ -89,6 +89,8 @@ def test_the_alerts_cover_what_production_alerts_on() -> None:
     stale = queried["KinesisCheckpointStale"]
     assert {"ray_kinesis_actors_checkpoint_age_s", "ray_kinesis_actors_millis_behind_latest"} <= stale, \
         "checkpoint age only on shards that have records"
+    assert rules["KinesisMetricsAbsent"]["expr"].startswith("absent(ray_kinesis_actors_leases_held"), \
+        "a lost head node loses every metric: one rule must fire on their absence"
     for name, rule in rules.items():
         assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["summary"], name
 

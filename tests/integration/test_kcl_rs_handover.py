@@ -11,8 +11,9 @@ emulator:
    then ``close()`` releases every lease as KCL's ``evictLease`` does;
 3. a new kcl-rs worker continues from our checkpoints: every later record, none before.
 
-Slow (kcl-rs's start, about 5 s on rows that exist, twice; Ray's start): marked ``slow`` and ``bench_harness`` (the bench-harness CI stage)
-and staged like ``test_bench_peer_kcl_rs.py``, which shares its kcl-rs virtualenv fixture.
+Slow (kcl-rs's start, about 5 s on rows that exist, twice; Ray's start): marked ``slow`` and
+``bench_harness`` (the bench-harness CI stage) and staged like ``test_bench_peer_kcl_rs.py``,
+which shares its kcl-rs virtualenv fixture.
 """
 
 from __future__ import annotations
