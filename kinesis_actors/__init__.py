@@ -14,6 +14,7 @@ from .errors import (
     LeaseLostError,
     LeaseStoreError,
     NotConnectedError,
+    PartialBatchError,
     SinkError,
     StreamError,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "LeaseLostError",
     "LeaseStoreError",
     "SinkError",
+    "PartialBatchError",
     "read_kinesis",
     "DatasetSink",
     "__version__",
