@@ -21,6 +21,12 @@ name                                        kind     tags                       
 ``kinesis_actors_throttles``                counter  stream, shard_id, owner_id   throttled calls
 ``kinesis_actors_millis_behind_latest``     gauge    stream, shard_id, owner_id   lag, ms (see below)
 ``kinesis_actors_checkpoint_age_s``         gauge    stream, shard_id, owner_id   s since the last checkpoint
+``kinesis_actors_records_dead_lettered``    counter  stream, shard_id, owner_id   dead letters written
+``kinesis_actors_dead_letter_failures``     counter  stream, shard_id, owner_id   failed dead-letter writes
+``kinesis_actors_records_filtered``         counter  stream, shard_id, owner_id   rejected by record_filter
+``kinesis_actors_batches_bisected``         counter  stream, shard_id, owner_id   failing batches split
+``kinesis_actors_partial_acks``             counter  stream, shard_id, owner_id   PartialBatchError answers
+``kinesis_actors_batches_in_flight``        gauge    stream, shard_id, owner_id   unacknowledged batches
 ``kinesis_actors_leases_held``              gauge    stream, owner_id             readers running
 ``kinesis_actors_leases_taken``             counter  stream, owner_id             leases taken
 ``kinesis_actors_leases_lost``              counter  stream, owner_id             leases lost
@@ -63,8 +69,12 @@ SHARD_TAGS = ("stream", "shard_id", "owner_id")
 INSTANCE_TAGS = ("stream", "owner_id")
 # metric name -> key of the reader's / coordinator's figures
 SHARD_COUNTERS = {"records_delivered": "records", "bytes_delivered": "bytes",
-                  "get_records_calls": "get_records_calls", "throttles": "throttles"}
-SHARD_GAUGES = {"millis_behind_latest": "millis_behind_latest", "checkpoint_age_s": "checkpoint_age_s"}
+                  "get_records_calls": "get_records_calls", "throttles": "throttles",
+                  # delivery controls (kinesis_actors.delivery bumps these keys of the reader's stats)
+                  "records_dead_lettered": "dead_lettered", "dead_letter_failures": "dead_letter_failures",
+                  "records_filtered": "filtered", "batches_bisected": "bisected", "partial_acks": "partial_acks"}
+SHARD_GAUGES = {"millis_behind_latest": "millis_behind_latest", "checkpoint_age_s": "checkpoint_age_s",
+                "batches_in_flight": "batches_in_flight"}
 INSTANCE_COUNTERS = {"leases_taken": "leases_taken", "leases_lost": "leases_lost",
                      "readers_replaced": "readers_replaced"}
 INSTANCE_GAUGES = {"leases_held": "leases_held"}
@@ -75,6 +85,12 @@ _DESCRIPTIONS = {
     "throttles": "Throttled Kinesis calls (ProvisionedThroughputExceeded, LimitExceeded), per shard.",
     "millis_behind_latest": "MillisBehindLatest of the last GetRecords, at least the age of its newest record (ms).",
     "checkpoint_age_s": "Seconds since the reader last wrote a checkpoint (or started).",
+    "records_dead_lettered": "Records written to the dead-letter stream (sink refusals and max_record_age), per shard.",
+    "dead_letter_failures": "Failed attempts to write dead letters (retried, never skipped), per shard.",
+    "records_filtered": "Records rejected by record_filter (acknowledged without delivery), per shard.",
+    "batches_bisected": "Failing batches split in halves by bisect_on_error, per shard.",
+    "partial_acks": "PartialBatchError answers that acknowledged part of a batch, per shard.",
+    "batches_in_flight": "Batches handed to the downstream and not yet acknowledged (<= parallelization_factor).",
     "leases_held": "Shard leases this instance holds (running readers).",
     "leases_taken": "Shard leases this instance took.",
     "leases_lost": "Shard leases this instance lost to another owner or to expiry.",

@@ -50,7 +50,7 @@ def test_a_batch_the_sink_takes_is_acknowledged_whole_in_one_call() -> None:
 def test_retries_with_backoff_then_succeeds() -> None:
     sink = Sink(fail_calls=[1, 2])
     engine, sleeps, stats = make(sink, max_sink_retries=2)
-    result, acks = run(engine, recs(3))
+    _, acks = run(engine, recs(3))
     assert acks == [3] and len(sink.calls) == 3 and stats["sink_failures"] == 2
     assert len(sleeps.waits) == 2 and sleeps.waits[0] < sleeps.waits[1]  # the ceiling doubles (rng fixed)
 
@@ -73,7 +73,7 @@ def test_partial_ack_checkpoints_the_prefix_and_retries_the_rest_in_order() -> N
     sink = Sink(partial={1: 2})
     engine, _, stats = make(sink, max_sink_retries=1)
     batch = recs(5)
-    result, acks = run(engine, batch)
+    _, acks = run(engine, batch)
     assert acks == [2, 5]
     assert sink.calls == [[r.data for r in batch], [r.data for r in batch[2:]]]
     assert sink.acked == [r.data for r in batch] and stats["partial_acks"] == 1 and stats["sink_failures"] == 1
@@ -226,7 +226,7 @@ def test_a_filter_that_raises_fails_with_sink_error_and_acknowledges_nothing() -
         raise KeyError("field")
 
     engine, _, _ = make(Sink(), record_filter=broken)
-    with pytest.raises(SinkError, match="record_filter raised on shard .* sequence number 1000"):
+    with pytest.raises(SinkError, match=r"record_filter raised on shard .* sequence number 1000"):
         run(engine, recs(2))
 
 
