@@ -11,7 +11,7 @@ import pytest
 
 import kinesis_actors
 from kinesis_actors import InvalidError, KinesisStream, PartialBatchError
-from kinesis_actors.delivery import DeliveryOptions, check_picklable_filter, check_sink_mode, dead_letter_document
+from kinesis_actors.delivery import DeliveryOptions, check_sink_mode, dead_letter_document
 
 from .delivery_fakes import SHARD, rec
 
@@ -80,15 +80,6 @@ def test_subscribe_refuses_pull_mode_controls_before_any_aws_call() -> None:
         broker.subscribe(KinesisStream("s", bisect_on_error=True))
     with pytest.raises(InvalidError, match="parallelization_factor=3"):
         broker.subscribe(KinesisStream("s", parallelization_factor=3))
-
-
-def test_a_filter_ray_cannot_ship_is_refused() -> None:
-    import threading
-
-    lock = threading.Lock()
-    check_picklable_filter(lambda r: r.partition_key != "x")  # lambdas are fine (cloudpickle)
-    with pytest.raises(InvalidError, match="cannot be serialised"):
-        check_picklable_filter(lambda r: lock.locked())
 
 
 def test_partial_batch_error_is_exported_and_keeps_failed_from_across_pickling() -> None:
