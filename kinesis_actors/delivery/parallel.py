@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Seque
 from typing import Any
 
 from ..records import Record
-from .gather import BatchGatherer, record_size
+from .gather import BatchGatherer
 from .options import DeliveryOptions
 
 __all__ = ["lane_of", "AckTracker", "ShardPipeline"]
@@ -117,15 +117,18 @@ class ShardPipeline:
             Called one at a time, with positions that only grow.
         max_records: the ``GetRecords`` ``Limit`` (the batch limit without ``max_batch_records``).
         clock: monotonic seconds (the window).
-        release: called with the bytes of records once acknowledged (the byte budget).
-        stats: gauges to set: ``batches_in_flight``, ``max_batches_in_flight``.
+        acked: called with records once they are acknowledged (delivered, filtered or
+            dead-lettered), in no particular order across lanes: the byte budget and counters.
+        stats: figures to set: ``batches_in_flight``, ``max_batches_in_flight`` (gauges) and
+            ``batches`` (batches done).
 
     Errors of a lane (``SinkError``, a refused checkpoint) are parked and raised by the next
     :meth:`dispatch`, :meth:`wait` or :meth:`drain`; nothing is checkpointed past them.
     """
 
     def __init__(self, options: DeliveryOptions, deliver: DeliverBatch, checkpoint: Callable[[Record], Awaitable[None]],
-                 *, max_records: int, clock: Callable[[], float], release: Callable[[int], None] | None = None,
+                 *, max_records: int, clock: Callable[[], float],
+                 acked: Callable[[Sequence[Record]], None] | None = None,
                  stats: MutableMapping[str, Any] | None = None) -> None:
         limit = options.batch_limit(max_records)
         self._lanes = [_Lane(i, BatchGatherer(max_records=limit, max_bytes=options.max_batch_bytes,
@@ -133,7 +136,7 @@ class ShardPipeline:
                        for i in range(options.parallelization_factor)]
         self._deliver = deliver
         self._checkpoint = checkpoint
-        self._release = release or (lambda n: None)
+        self._acked = acked or (lambda records: None)
         self.stats = stats if stats is not None else {}
         self.stats.setdefault("max_batches_in_flight", 0)
         self.tracker = AckTracker()
@@ -223,12 +226,13 @@ class ShardPipeline:
             nonlocal acked
             newly, acked = batch[acked:n], max(acked, n)
             self.tracker.ack(newly)
-            self._release(sum(record_size(r) for r in newly))
+            self._acked(newly)
             await self._write_checkpoint()
 
         await self._deliver(batch, on_ack)
         if acked < len(batch):  # a deliver that returns has done every record
             await on_ack(len(batch))
+        self.stats["batches"] = self.stats.get("batches", 0) + 1
 
     async def _write_checkpoint(self) -> None:
         async with self._lock:
