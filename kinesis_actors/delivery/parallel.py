@@ -288,7 +288,8 @@ class ShardPipeline:
         tasks = [lane.task for lane in self._lanes if lane.task is not None]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:  # gather() of nothing still asks for an event loop (a task closed at exit has none)
+            await asyncio.gather(*tasks, return_exceptions=True)
         for lane in self._lanes:
             lane.task = None
             lane.gatherer.drop()
