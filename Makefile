@@ -7,7 +7,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: install lint demo notebooks test test-fast test-integration test-kinesalite test-kinesis-mock test-notebooks test-cluster test-chaos bench clean
+.PHONY: install lint demo notebooks test test-fast test-integration test-bench-harness test-kinesalite test-kinesis-mock test-notebooks test-cluster test-chaos package bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +35,10 @@ test-fast: install
 	$(BIN)/python -m pytest tests/unit tests/contract $(PYTEST_ARGS)
 
 test-integration: install
-	$(BIN)/python -m pytest tests/integration -m "not kinesalite and not kinesis_mock" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/integration -m "not kinesalite and not kinesis_mock and not bench_harness" $(PYTEST_ARGS)
+
+test-bench-harness: install  # the bench harness and the slow peers (kcl-rs in its own virtualenv) on tiny inputs
+	$(BIN)/python -m pytest tests/integration -m bench_harness $(PYTEST_ARGS)
 
 KINESALITE := tests/kinesalite
 $(KINESALITE)/node_modules/.installed: $(KINESALITE)/package-lock.json
@@ -63,8 +66,26 @@ test: install lint $(KINESALITE)/node_modules/.installed  # everything .ci/run r
 	KINESALITE_REQUIRED=1 KINESIS_MOCK_REQUIRED=1 $(BIN)/python -m pytest tests $(PYTEST_ARGS)
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
+# The sdist and the wheel (python -m build), twine check, then the wheel alone in a fresh venv answers
+# `kinesis-actors --version`. That venv sees the test venv's packages through a .pth line (so the
+# dependencies are not downloaded and installed a second time) and `pip check` verifies that the wheel's
+# requirements are met by exactly the versions the tests ran with.
+DIST := build/dist
+PKG_VENV := build/package-venv
+package: install
+	rm -rf $(DIST) $(PKG_VENV)
+	$(BIN)/python -m build --outdir $(DIST) .
+	$(BIN)/python -m twine check --strict $(DIST)/*
+	$(PYTHON) -m venv $(PKG_VENV)
+	$(BIN)/python -c "import sys; print(*[p for p in sys.path if p.endswith('site-packages')], sep='\n')" \
+	  > $$(echo $(PKG_VENV)/lib/python*/site-packages)/test-venv.pth
+	$(PKG_VENV)/bin/pip install -q --no-deps $(DIST)/*.whl
+	$(PKG_VENV)/bin/pip check
+	$(PKG_VENV)/bin/kinesis-actors --version
+	cd $(PKG_VENV) && bin/python -c "import kinesis_actors, sys; assert '/site-packages/' in kinesis_actors.__file__, kinesis_actors.__file__"
+
 bench: install  # benchmarks -> table + bench/results.json (BENCH_ARGS=--quick for a tiny run)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache $(DIST) $(PKG_VENV)

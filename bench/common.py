@@ -8,6 +8,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import threading
@@ -123,6 +124,63 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+_GOAL_NUMBER = re.compile(r"(?:<=|>=|<|>)\s*(-?\d[\d,]*(?:\.\d+)?)(x?)")
+
+
+def fmt_against(value: Any, threshold: float | None) -> str:
+    """``fmt(value)`` with as many more decimals as it takes to show how ``value`` compares
+    with ``threshold``: 12.02 against a goal of 12 prints "12.02", never "12.0" (which reads
+    as met). Without a threshold, or for a non-float, the same as :func:`fmt`."""
+    text = fmt(value)
+    if threshold is None or not isinstance(value, float) or value == threshold:
+        return text
+    for decimals in range(1, 7):
+        try:
+            shown = float(text.replace(",", ""))
+        except ValueError:
+            return text
+        if shown != threshold and (shown < threshold) == (value < threshold):
+            return text
+        text = f"{value:.{decimals}f}"
+    return text
+
+
+def goal_threshold(figure: dict[str, Any]) -> float | None:
+    """The number a figure's goal compares its value with: the goal's number ("<= 250 ms"),
+    times the anchor value for a relative goal (">= 1.2x raw single"); None without a goal."""
+    if figure.get("goal_met") is None:
+        return None
+    m = _GOAL_NUMBER.search(str(figure.get("goal") or ""))
+    if m is None:
+        return None if figure.get("anchor_value") is None else float(figure["anchor_value"])
+    number = float(m.group(1).replace(",", ""))
+    if m.group(2):  # relative to the anchor
+        return None if figure.get("anchor_value") is None else number * float(figure["anchor_value"])
+    return number
+
+
+def section_source(data: dict[str, Any], section: str) -> str:
+    """Which run a section's figures come from: "section S, measured DATE" (the merged run
+    that last measured it, else the file's own run), so two tables never seem to disagree."""
+    when = data.get("date")
+    for run in data.get("merged_runs", []):
+        if section in run.get("params", {}).get("sections", []):
+            when = run.get("started_utc", when)
+    return f"section `{section}`, measured {when}"
+
+
+def fmt_ratio(figure: dict[str, Any]) -> str:
+    """The ratio to the anchor ("1.84x"), with a third decimal where two would round a figure
+    judged by a goal onto 1.00x."""
+    ratio = figure.get("ratio")
+    if ratio is None:
+        return ""
+    text = f"{ratio:.2f}x"
+    if figure.get("goal_met") is not None and text == "1.00x" and ratio != 1.0:
+        text = f"{ratio:.3f}x"
+    return text
+
+
 def format_table(figures: Sequence[dict[str, Any]]) -> str:
     """A plain-text table: section, figure, value, unit, anchor, ratio, goal, met."""
     head = ("section", "figure", "value", "unit", "anchor", "ratio", "goal", "met")
@@ -131,8 +189,8 @@ def format_table(figures: Sequence[dict[str, Any]]) -> str:
         anchor = f.get("anchor") or ""
         if f.get("anchor_value") is not None:
             anchor = f"{anchor} ({fmt(f['anchor_value'])})"
-        rows.append((f["section"], f["name"], fmt(f["value"]), f["unit"], anchor,
-                     "-" if f.get("ratio") is None else f"{f['ratio']:.2f}x", f.get("goal") or "",
+        rows.append((f["section"], f["name"], fmt_against(f["value"], goal_threshold(f)), f["unit"], anchor,
+                     fmt_ratio(f) or "-", f.get("goal") or "",
                      "" if f.get("goal_met") is None else fmt(f["goal_met"])))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
     lines = []

@@ -39,7 +39,7 @@ class _StubReader:
     async def ping(self) -> None:
         return None
 
-    async def add(self, spec: Any, lease: Any) -> Any:
+    async def add(self, spec: Any, lease: Any, *, lease_age_s: float | None = None) -> Any:
         from kinesis_actors.reader import ConsumerState, ShardEvent
 
         self.shards.add(spec.shard_id)

@@ -80,6 +80,7 @@ from .common import (
     proc_title,
     psutil_mod,
     ray_tree,
+    section_source,
     steady_rate,
     uss_mib,
     wait_for,
@@ -741,7 +742,9 @@ ROWS = (  # label, lower is better, ours, kcl-rs default, kcl-rs matched, async-
 def markdown(data: dict[str, Any]) -> str:
     """The side-by-side table of a results file: us / kcl-rs / async-kinesis / raw, ours / the best peer."""
     figs = {f["name"]: f["value"] for f in data.get("figures", []) if f["section"] == S}
-    lines = ["| figure | ours | kcl-rs default | kcl-rs matched | async-kinesis | raw boto3 | ours / best peer |",
+    lines = [f"From {section_source(data, S)} (its own runs of ours; the `failover` section measures our "
+             "failover separately, so its figures differ from run to run).", "",
+             "| figure | ours | kcl-rs default | kcl-rs matched | async-kinesis | raw boto3 | ours / best peer |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for label, lower, *names in ROWS:
         vals = [figs.get(n) if n else None for n in names]

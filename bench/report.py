@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from .common import fmt
+from .common import fmt, fmt_against, fmt_ratio, goal_threshold
 
 KEY = (
     "raw_single_records_per_s", "raw_threads_records_per_s", "product_records_per_s", "product_records_per_s_vs_threads",
@@ -28,6 +28,8 @@ KEY = (
     "scale_16_cap1_uss_total_mib", "scale_64_cap1_uss_total_mib", "scale_64_cap1_subscribe_s",
     "scale_1000_dynamo_lease10_leases_lost", "scale_1000_dynamo_lease10_idle_update_item_per_s",
     "scale_1000_dynamo_lease30_leases_lost", "scale_1000_dynamo_lease30_idle_update_item_per_s",
+    *(f"ckpt_interval_{i}s_{k}" for i in (0, 1, 5) for k in ("update_item_per_shard_per_s",
+                                                            "checkpoints_per_shard_per_s")),
     "january_wall_s", "january_emulator_start_s", "january_ray_start_s", "january_subscribe_s", "january_publish_s",
     "january_consume_s", "full_year_wall_s", "full_year_publish_s", "full_year_consume_s",
 )
@@ -56,9 +58,10 @@ def markdown(data: dict, key_only: bool = False) -> str:
         anchor = f.get("anchor") or ""
         if f.get("anchor_value") is not None:
             anchor = f"{anchor} = {fmt(f['anchor_value'])}"
-        ratio = "" if f.get("ratio") is None else f"{f['ratio']:.2f}x"
+        ratio = fmt_ratio(f)
         met = "" if f.get("goal_met") is None else ("yes" if f["goal_met"] else "**no**")
-        lines.append(f"| {f['section']} | {f['name']} | {fmt(f['value'])} | {f['unit']} | {anchor} | {ratio} | "
+        value = fmt_against(f["value"], goal_threshold(f))  # the digits the goal's comparison uses
+        lines.append(f"| {f['section']} | {f['name']} | {value} | {f['unit']} | {anchor} | {ratio} | "
                      f"{f.get('goal') or ''} | {met} |")
     return "\n".join(lines)
 

@@ -186,6 +186,7 @@ def product(ctx: Any, stream: str, expect: int, sample_uss: bool, max_records: i
     return {"readers": readers, "records": summary["n"], "bytes": summary["bytes"], "t0": t0, "t_sub": t_sub,
             "events": [tuple(e) for e in summary["log"]], "cpu_s": total, "cpu_by_process": per_title,
             "cpu_after_start_s": after_start, "bytes_after_start": summary["bytes"] - mid_bytes,
+            "cpu_after_start_by_process": cpu_delta(mid, after),
             "emulator_cpu_s": emu_cpu, "uss_peak": peak, "get_records_calls": sum(calls)}
 
 
@@ -217,6 +218,28 @@ def _rates(run: dict[str, Any], start_key: str = "t0") -> dict[str, float | None
     return {"steady": steady, "e2e": e2e,
             "mb_steady": None if steady is None else steady * run["bytes"] / max(1, run["records"]) / MB,
             "cpu_per_mb": run["cpu_s"] / (run["bytes"] / MB) if run["bytes"] else None}
+
+
+def _where_the_cpu_goes(ctx: Any, res: Results, stream: str, shard_ids: list[str], per_shard: int,
+                        products: list[dict[str, Any]], single_cpu: float | None) -> None:
+    """Figures ``where_<phase>_cpu_s_per_mb``: a reader's phases measured in this process
+    (bench/read_path.py ``breakdown``: the fast path and its RecordBatch, one round) and the
+    Coordinator's CPU from ``subscribe()`` returning (the product runs, median)."""
+    from .read_path import breakdown
+
+    try:
+        phases = breakdown(ctx.endpoint, stream, shard_ids, per_shard, rounds=1, modes=("after",))["cpu_s_per_mb"]["after"]
+    except Exception as e:
+        res.note(f"where the CPU goes: breakdown failed: {e!r:.200}")
+        phases = {}
+    note = "bench/read_path.py breakdown in the bench driver: thread CPU of the phase per MB of payload"
+    for phase in ("parse", "build", "deliver", "checkpoint"):
+        res.add("throughput", f"where_{phase}_cpu_s_per_mb", phases.get(phase), "CPU s/MB",
+                anchor="raw_single_cpu_s_per_mb", anchor_value=single_cpu, note=note)
+    coordinator = median(r["cpu_after_start_by_process"].get("ray::Coordinator", 0.0) / (r["bytes_after_start"] / MB)
+                         for r in products if r["bytes_after_start"])
+    res.add("throughput", "where_coordinator_cpu_s_per_mb", coordinator, "CPU s/MB", anchor="raw_single_cpu_s_per_mb",
+            anchor_value=single_cpu, note="the Coordinator process, counted from subscribe() returning")
 
 
 def run(ctx: Any, res: Results) -> None:
@@ -306,6 +329,7 @@ def run(ctx: Any, res: Results) -> None:
             anchor_value=single_cpu, note="the counting sink actor (unpickling the Records it is sent)")
     res.add("throughput", "emulator_cpu_s_per_mb_product", median(r["emulator_cpu_s"] / (r["bytes"] / MB) for r in runs["product"]),
             "CPU s/MB", note="moto server process while the product read (server side, shares the 2 cores)")
+    _where_the_cpu_goes(ctx, res, stream, shard_ids, per_shard, runs["product"], single_cpu)
     ctx.uss_under_load = [max(r["uss_peak"].values()) for r in runs["product"] if r["uss_peak"]]
     ctx.uss_under_load_all = runs["product"][-1]["uss_peak"]
     try:

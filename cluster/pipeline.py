@@ -16,6 +16,10 @@ keys on the command line or in files. ``--test-credentials`` is for emulators on
 Instances of this job (on one cluster or several) split the stream's shards through the
 lease table; each instance needs its own ``--owner-id`` (default: host name + random).
 
+``--fanout CONSUMER_NAME`` (``KA_FANOUT``) reads with enhanced fan-out through the stream
+consumer of that name (registered on the first run, reused after; never deregistered by
+the job): the IAM policy's two ``EnhancedFanOut`` statements are then needed.
+
 The sink is a :class:`~kinesis_actors.DatasetSink`: every ``--window-s`` seconds (or
 ``--window-records`` records) the records gathered from the readers become a
 ``ray.data.Dataset`` written as Parquet under the sink's path (local, ``s3://``...);
@@ -72,6 +76,7 @@ class Config:
     progress_s: float = 5.0
     lease_duration_s: float = 10.0
     renew_interval_s: float = 3.0
+    fanout: str | None = None
 
 
 _ENV = {"stream": "KA_STREAM", "lease_table": "KA_LEASE_TABLE", "sink": "KA_SINK", "endpoint": "KA_ENDPOINT",
@@ -79,7 +84,7 @@ _ENV = {"stream": "KA_STREAM", "lease_table": "KA_LEASE_TABLE", "sink": "KA_SINK
         "start_at": "KA_START_AT", "create_lease_table": "KA_CREATE_LEASE_TABLE", "window_s": "KA_WINDOW_S",
         "window_records": "KA_WINDOW_RECORDS", "batch_format": "KA_BATCH_FORMAT", "max_records": "KA_MAX_RECORDS",
         "duration_s": "KA_DURATION_S", "progress_s": "KA_PROGRESS_S", "lease_duration_s": "KA_LEASE_DURATION_S",
-        "renew_interval_s": "KA_RENEW_INTERVAL_S"}
+        "renew_interval_s": "KA_RENEW_INTERVAL_S", "fanout": "KA_FANOUT"}
 
 
 def _bool(text: str) -> bool:
@@ -117,6 +122,8 @@ def parse_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None
     option("progress_s", float, "seconds between progress lines")
     option("lease_duration_s", float, "lease duration, seconds")
     option("renew_interval_s", float, "lease renewal interval, seconds")
+    option("fanout", str, "read with enhanced fan-out through this stream consumer name (SubscribeToShard)",
+           metavar="CONSUMER_NAME")
     for name, help_ in (("test_credentials", "fixed dummy keys, for emulators only"),
                         ("create_lease_table", "create the lease table if missing (needs dynamodb:CreateTable)")):
         var = _ENV[name]
@@ -170,10 +177,22 @@ def install_stop_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
 
+def stream_config(cfg: Config) -> Any:
+    """The job's ``KinesisStream``: polling, or enhanced fan-out through ``cfg.fanout``.
+
+    Raises:
+        InvalidError: a malformed stream or consumer name (before any AWS call).
+    """
+    from kinesis_actors import KinesisStream
+
+    retrieval = {"retrieval": "fanout", "consumer_name": cfg.fanout} if cfg.fanout else {}
+    return KinesisStream(cfg.stream, start_at=start_position(cfg.start_at), **retrieval)
+
+
 def run(cfg: Config, stop: threading.Event) -> int:
     """Subscribe and write until ``stop`` is set (SIGTERM, SIGINT), ``max_records`` or
     ``duration_s``; then close cleanly. Returns the exit code."""
-    from kinesis_actors import DatasetSink, DynamoLeaseStore, KinesisBroker, KinesisStream
+    from kinesis_actors import DatasetSink, DynamoLeaseStore, KinesisBroker
 
     broker = KinesisBroker(endpoint=cfg.endpoint, region=cfg.region, test_credentials=cfg.test_credentials,
                            lease_store=DynamoLeaseStore(cfg.lease_table, create_if_missing=cfg.create_lease_table),
@@ -187,8 +206,10 @@ def run(cfg: Config, stop: threading.Event) -> int:
     reason, code, written = "stopped", 0, 0
     sub = None
     try:
-        sub = conn.subscribe(KinesisStream(cfg.stream, start_at=start_position(cfg.start_at)), sink=sink)
+        sub = conn.subscribe(stream_config(cfg), sink=sink)
+        install_stop_signals(stop)  # again: subscribe() started Ray, whose core worker replaces SIGTERM's handler
         emit("started", stream=cfg.stream, lease_table=cfg.lease_table, owner_id=conn.owner_id, sink=cfg.sink,
+             retrieval="fanout" if cfg.fanout else "polling",
              shards=sorted(sub.stats()["shards"]))
         next_progress = started + cfg.progress_s
         while True:

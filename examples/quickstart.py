@@ -32,6 +32,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def partition_keys(n: int) -> list[str]:
+    """``n`` partition keys, ``customer-0`` ... : Kinesis routes a record by the MD5 of its key, and
+    ten distinct keys reach both shards of a 2-shard stream (``customer-4``, ``-7``, ``-9`` hash
+    below 2**127, the others above)."""
+    return [f"customer-{i}" for i in range(n)]
+
+
 def run(endpoint: str | None, records: int) -> int:
     """Publish ``records`` records and read them back; 0 when every one arrived."""
     with contextlib.ExitStack() as stack:
@@ -44,11 +51,11 @@ def run(endpoint: str | None, records: int) -> int:
             print(f"using the endpoint {endpoint}")
 
         broker = KinesisBroker(endpoint=endpoint, region="us-east-1", test_credentials=True)
-        conn = stack.enter_context(broker.connect())  # starts a local Ray runtime if none is running
+        conn = stack.enter_context(broker.connect())  # no Ray yet: subscribe() starts it after checking the stream
         stream = f"quickstart-{uuid.uuid4().hex[:6]}"
         with conn.subscribe(KinesisStream(stream, create_if_missing=2, start_at=StartAt.trim_horizon()),
                             sink=None) as sub:  # pull mode: next_batch() hands the batches to this process
-            conn.publisher(stream).put_many([(f"order {i}", f"customer-{i % 3}") for i in range(records)])
+            conn.publisher(stream).put_many([(f"order {i}", key) for i, key in enumerate(partition_keys(records))])
             seen: set[tuple[str, str]] = set()
             deadline = time.monotonic() + 30
             while len(seen) < records and time.monotonic() < deadline:

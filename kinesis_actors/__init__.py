@@ -6,6 +6,7 @@ delivery is at-least-once: a checkpoint is written only after the downstream
 acknowledged the batch. See README.md.
 """
 
+from .batch import RecordBatch
 from .broker import KinesisBroker, SeekHandle, Subscription
 from .config import KinesisStream
 from .errors import (
@@ -18,7 +19,7 @@ from .errors import (
     SinkError,
     StreamError,
 )
-from .leases import SHARD_END, DynamoLeaseStore, Lease, LeaseStore, MemoryLeaseStore
+from .leases import SHARD_END, DynamoLeaseStore, KclLeaseStore, Lease, LeaseStore, MemoryLeaseStore
 from .publisher import Publisher, PutResult
 from .records import Record, StartAt
 
@@ -31,12 +32,14 @@ __all__ = [
     "Subscription",
     "SeekHandle",
     "Record",
+    "RecordBatch",
     "Publisher",
     "PutResult",
     "Lease",
     "LeaseStore",
     "MemoryLeaseStore",
     "DynamoLeaseStore",
+    "KclLeaseStore",
     "SHARD_END",
     "KinesisError",
     "NotConnectedError",

@@ -4,12 +4,13 @@ Dataset sink's windows. Imports only pyarrow (reader processes convert batches w
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 
 from .records import Record
 
-__all__ = ["RECORD_SCHEMA", "records_to_table"]
+__all__ = ["RECORD_SCHEMA", "records_to_table", "batch_to_arrow"]
 
 RECORD_SCHEMA = pa.schema(
     [
@@ -26,7 +27,12 @@ RECORD_SCHEMA = pa.schema(
 
 
 def records_to_table(records: Sequence[Record]) -> pa.Table:
-    """Records as one Arrow table with :data:`RECORD_SCHEMA` (one pass per column)."""
+    """Records as one Arrow table with :data:`RECORD_SCHEMA` (one pass per column; a
+    :class:`~kinesis_actors.batch.RecordBatch` through its buffers, without building Records)."""
+    from .batch import RecordBatch
+
+    if isinstance(records, RecordBatch):
+        return pa.Table.from_batches([records.to_arrow()], schema=RECORD_SCHEMA)
     return pa.Table.from_arrays(
         [
             pa.array([r.data for r in records], pa.binary()),
@@ -36,6 +42,47 @@ def records_to_table(records: Sequence[Record]) -> pa.Table:
             pa.array([r.approximate_arrival_timestamp for r in records], pa.timestamp("ms", tz="UTC")),
             pa.array([r.shard_id for r in records], pa.string()),
             pa.array([r.stream for r in records], pa.string()),
+        ],
+        schema=RECORD_SCHEMA,
+    )
+
+
+def _arrival_ms(arrival: Any) -> pa.Array:
+    """Float epoch seconds (NaN: absent) as timestamp[ms, UTC], to the millisecond that
+    ``datetime.fromtimestamp`` (microseconds, rounded half to even) then pyarrow's
+    truncation give."""
+    import pyarrow.compute as pc
+
+    seconds = pa.array(arrival, pa.float64())
+    whole = pc.floor(seconds)
+    micros = pc.round(pc.multiply(pc.subtract(seconds, whole), 1e6), round_mode="half_to_even")
+    millis = pc.add(pc.multiply(whole, 1000.0), pc.floor(pc.divide(micros, 1000.0)))
+    valid = pc.invert(pc.is_nan(seconds))
+    ms = pc.if_else(valid, pc.cast(pc.if_else(valid, millis, 0.0), pa.int64()), pa.scalar(None, pa.int64()))
+    return ms.cast(pa.timestamp("ms", tz="UTC"))
+
+
+def batch_to_arrow(columns: dict[str, Any]) -> pa.RecordBatch:
+    """A :class:`~kinesis_actors.batch.RecordBatch`'s columns (its ``_columns()``) as a
+    ``pyarrow.RecordBatch`` with :data:`RECORD_SCHEMA`; the binary and string columns wrap
+    the batch's buffers (int32 offsets, no copy)."""
+    n = columns["n"]
+
+    def wrap(kind: pa.DataType, blob_off: tuple[bytes, Any]) -> pa.Array:
+        blob, off = blob_off
+        return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(off), pa.py_buffer(blob)])
+
+    sub = columns["sub"]
+    subs = pa.nulls(n, pa.int64()) if sub is None else pa.array([None if s < 0 else s for s in sub], pa.int64())
+    return pa.RecordBatch.from_arrays(
+        [
+            wrap(pa.binary(), columns["data"]),
+            wrap(pa.string(), columns["pk"]),
+            wrap(pa.string(), columns["seq"]),
+            subs,
+            _arrival_ms(columns["arrival"]),
+            pa.array([columns["shard_id"]] * n, pa.string()),
+            pa.array([columns["stream"]] * n, pa.string()),
         ],
         schema=RECORD_SCHEMA,
     )

@@ -10,7 +10,8 @@ from the lease table. The rules (KCL's, made deterministic):
   Readable shards exclude ``SHARD_END`` rows and children whose parents are not
   finished; live instances are the fresh presence rows, plus the owners of live
   leases, plus ourselves.
-* **Steal** only when there is nothing to take and we hold fewer than the target:
+* **Steal** only when there is no free or expired lease to take (our own rows, such as
+  one just handed over to us, do not hold a steal back) and we hold fewer than the target:
   from the most loaded other instance (ties: the smallest owner id), as many as it holds
   above the target, or one if it is exactly at the target and we need two or more; at
   most ``max_leases_to_steal`` per poll. A steal is a *handoff request*, counted as
@@ -120,6 +121,7 @@ def plan_leases(
     room = None if max_leases is None else max(0, max_leases - len(held_set))
 
     take: list[str] = []
+    unowned = False  # a free or expired row among the takes (our own rows do not count)
     for s in readable:
         if s.shard_id in held_set:
             continue
@@ -127,6 +129,7 @@ def plan_leases(
             if room is not None and len(take) >= room:
                 continue
             take.append(s.shard_id)
+            unowned = unowned or s.owner != me
     take_set = set(take)
 
     live = set(live_instances) | {me}
@@ -150,7 +153,7 @@ def plan_leases(
     if max_leases is not None:
         target = min(target, max_leases)
     plan = BalancePlan(target=target, live=tuple(sorted(live)), counts=dict(counts), take=tuple(take))
-    if take:  # KCL: no stealing in a round that takes free or expired leases
+    if unowned:  # KCL: no stealing in a round that takes free or expired leases
         return plan
     others = sorted((owner for owner in counts if owner != me), key=lambda o: (-counts[o], o))
     if not others:

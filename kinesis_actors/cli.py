@@ -34,7 +34,7 @@ from .console import (
     resolve_target,
 )
 from .console import progress as progress_display
-from .leases.view import add_lag, print_lease_table, scan_lease_rows
+from .leases.view import add_lag, print_lease_table, scan_kcl_rows, scan_lease_rows
 from .publisher import MAX_REQUEST_RECORDS
 
 __all__ = ["main", "cli"]
@@ -111,25 +111,41 @@ def emulator(host: str, port: int, efo: bool) -> None:
 
 
 @cli.command()
-@click.option("--table", "-t", required=True, metavar="T", help="Lease table (DynamoDB) name.")
-@click.option("--stream", "-s", default=None, metavar="S", help="Only this stream's shards.")
+@click.option("--table", "-t", default=None, metavar="T", help="Lease table (DynamoDB) name.")
+@click.option("--kcl-table", default=None, metavar="T",
+              help="A KCL 2.x/3.x application's lease table (KclLeaseStore), instead of --table.")
+@click.option("--stream", "-s", default=None, metavar="S",
+              help="Only this stream's shards (a single-stream KCL table: the stream it reads, for the lag).")
 @_endpoint_option
 @_region_option
 @_test_credentials_option
 @click.option("--lag/--no-lag", default=True, show_default=True,
               help="Show how far each checkpoint is behind its shard's tip (2 Kinesis calls a shard).")
-def leases(table: str, stream: str | None, endpoint: str | None, region: str | None,
-           test_credentials: bool | None, lag: bool) -> None:  # fmt: skip
+def leases(table: str | None, kcl_table: str | None, stream: str | None, endpoint: str | None,
+           region: str | None, test_credentials: bool | None, lag: bool) -> None:  # fmt: skip
     """Print a lease table: shard, owner, counter, checkpoint, expiry and lag."""
+    if (table is None) == (kcl_table is None):
+        raise click.UsageError("give exactly one of --table and --kcl-table")
     target = resolve_target(endpoint, region, test_credentials)
     settings = target.settings(fast=True)
-    rows = scan_lease_rows(settings.client("dynamodb"), table, stream)
+    name = table or kcl_table
+    assert name is not None
+    if kcl_table is not None:
+        rows = scan_kcl_rows(settings.client("dynamodb"), kcl_table, stream)
+    else:
+        rows = scan_lease_rows(settings.client("dynamodb"), name, stream)
     if not rows:
-        raise CliError(f"lease table {table!r} has no rows" + (f" of stream {stream!r}" if stream else ""))
-    if lag:
+        if stream is None:
+            raise CliError(f"lease table {name!r} has no rows")
+        scan = scan_kcl_rows if kcl_table is not None else scan_lease_rows
+        held = sorted({str(r.get("stream")) for r in scan(settings.client("dynamodb"), name, None)})
+        raise CliError(f"lease table {name!r} has no rows of stream {stream!r}; "
+                       + (f"it holds the stream(s) {', '.join(held)}" if held else "it has no rows at all"))
+    if lag and all(r["stream"] for r in rows):
         add_lag(settings.client("kinesis"), rows)
-    title = f"lease table {table}" + (f", stream {stream}" if stream else "") + f" ({len(rows)} shards)"
-    print_lease_table(console(), title, rows, expiry=True, streams=stream is None)
+    title = ("KCL " if kcl_table else "") + f"lease table {name}" + (f", stream {stream}" if stream else "") + \
+        f" ({len(rows)} shards)"
+    print_lease_table(console(), title, rows, expiry=kcl_table is None, streams=stream is None)
 
 
 # --------------------------------------------------------------------------- publish

@@ -56,6 +56,11 @@ def positive_duration(what: str, value: object) -> float:
     return float(value)
 
 
+def _non_negative_duration(what: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InvalidError(f"{what} must be a finite number of seconds >= 0, got {value!r}")
+
+
 def _non_negative_int(what: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidError(f"{what} must be an int >= 0, got {value!r}")
@@ -128,6 +133,13 @@ class KinesisStream:
             (``RegisterStreamConsumer``), else reused, and shared by every reader and
             instance of the application. Closing never deregisters it
             (``KinesisBroker.deregister_stream_consumer`` does).
+        min_checkpoint_interval_s: shortest time between two checkpoint writes of one
+            shard, seconds (0.0). 0 writes a checkpoint (one conditional ``UpdateItem``)
+            after every acknowledged batch. Above 0 a shard writes at most one checkpoint
+            per interval, of its last acknowledged record, and always one on close, on a
+            handoff and at ``SHARD_END``. Invariant 10 then widens: a failure redelivers
+            the records acknowledged since the shard's last checkpoint (at most this
+            interval, plus one idle wait, of acknowledged batches) plus the batch in flight.
         max_batch_records: most records per delivered batch, 1..10,000 (None: one
             ``GetRecords`` response, at most ``max_records``, per batch); Lambda's ``BatchSize``.
         max_batch_bytes: most bytes (payload + partition key) per batch (None: no limit);
@@ -177,6 +189,7 @@ class KinesisStream:
     dead_letter: Any = None
     retrieval: str = "polling"
     consumer_name: str | None = None
+    min_checkpoint_interval_s: float = 0.0
     max_batch_records: int | None = None
     max_batch_bytes: int | None = None
     batch_window_s: float = 0.0
@@ -202,6 +215,7 @@ class KinesisStream:
         if self.max_idle_wait_s < self.idle_wait_s:
             raise InvalidError(f"max_idle_wait_s ({self.max_idle_wait_s}) must be at least "
                                f"idle_wait_s ({self.idle_wait_s})")
+        _non_negative_duration("min_checkpoint_interval_s", self.min_checkpoint_interval_s)
         _positive_int("max_shards_per_reader", self.max_shards_per_reader)
         _positive_int("max_buffered_bytes", self.max_buffered_bytes)
         _positive_int("max_leases", self.max_leases, allow_none=True)

@@ -34,10 +34,11 @@ import pyarrow as pa
 
 from .arrow import RECORD_SCHEMA, records_to_table
 from .aws import AwsSettings
+from .batch import RecordBatch
 from .config import validate_stream_name
 from .errors import InvalidError, KinesisError
-from .kinesis import ShardFetcher, ShardInfo, list_shards, record_bytes
-from .records import Record, StartAt
+from .kinesis import ShardFetcher, ShardInfo, list_shards
+from .records import StartAt
 
 __all__ = ["read_kinesis", "KinesisDatasource", "RECORD_SCHEMA", "records_to_table", "ShardScan"]
 
@@ -104,12 +105,17 @@ class ShardScan:
     def blocks(self) -> Iterator[pa.Table]:
         """Yield Arrow blocks of at most ``max_records_per_block`` records until the bound.
 
+        Blocks are made from the fetcher's :class:`~kinesis_actors.batch.RecordBatch`
+        buffers (no Record objects are built); a block closes once it holds
+        ``max_bytes_per_block`` bytes (``RecordBatch.nbytes``), so it may pass that by up
+        to one ``GetRecords`` answer.
+
         Raises:
             KinesisError: a non-transient error, or throttling 20 times in a row.
         """
         fetcher = self.fetcher
-        pending: list[Record] = []
-        pending_bytes = 0
+        pending: list[RecordBatch] = []
+        held = held_bytes = 0
         while True:
             wait = fetcher.due_in()
             if wait > 0:
@@ -120,25 +126,29 @@ class ShardScan:
                                    retriable=True)
             if got is None:
                 continue
-            done = False
-            for record in got.records:
-                arrival = record.approximate_arrival_timestamp
-                if arrival is not None and arrival.timestamp() * 1000.0 > self.bound_ms:
-                    done = True  # arrived after the bound: this and everything after it are out
-                    break
-                pending.append(record)
-                pending_bytes += record_bytes(record) + 64
-                if len(pending) >= self.max_records_per_block or pending_bytes >= self.max_bytes_per_block:
-                    self.records += len(pending)
-                    yield records_to_table(pending)
-                    pending, pending_bytes = [], 0
+            batch = got.records
+            cut = batch.first_arriving_after(self.bound_ms / 1000.0)
+            done = cut < len(batch)  # arrived after the bound: this and everything after it are out
+            batch = batch[:cut]
+            while batch:
+                chunk = batch[: self.max_records_per_block - held]
+                batch = batch[len(chunk):]
+                pending.append(chunk)
+                held, held_bytes = held + len(chunk), held_bytes + chunk.nbytes
+                if held >= self.max_records_per_block or held_bytes >= self.max_bytes_per_block:
+                    yield self._block(pending)
+                    pending, held, held_bytes = [], 0, 0
             # at the tip now (after the call: every earlier record was read), or the shard ended
             if done or got.at_tip or got.shard_end:
                 break
         if pending:
-            self.records += len(pending)
-            yield records_to_table(pending)
+            yield self._block(pending)
         log.debug("shard %s: %d records in %d GetRecords calls", self.shard.shard_id, self.records, self.calls)
+
+    def _block(self, batches: list[RecordBatch]) -> pa.Table:
+        table = pa.Table.from_batches([b.to_arrow() for b in batches], schema=RECORD_SCHEMA)
+        self.records += table.num_rows
+        return table
 
 
 def _import_datasource_base() -> type:

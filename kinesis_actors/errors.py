@@ -20,6 +20,8 @@ Messages never contain credentials: only operation names, codes and resource nam
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "is_throttling",
     "is_unreachable",
     "THROTTLING_CODES",
+    "ray_call_errors",
     "AUTH_CODES",
 ]
 
@@ -282,3 +285,49 @@ def translate_aws_error(exc: BaseException, *, operation: str, resource: str = "
         return KinesisError(f"{where}: {code or type(exc).__name__} (transient; retries gave up)", aws_code=code,
                             retriable=True)
     return KinesisError(f"{where}: {code or type(exc).__name__}: {exc}", aws_code=code)
+
+
+@contextlib.contextmanager
+def ray_call_errors(*, gone: type[Exception], unreachable: type[Exception]) -> Iterator[None]:
+    """Map the errors of one Ray actor call (``await actor.m.remote()`` or ``ray.get``) inside the block.
+
+    The one translation of Ray's actor errors, used by the Coordinator's reader handles
+    and by the subscription's supervision of the Coordinator:
+
+    * ``ActorUnavailableError`` (a subclass of ``RayActorError``: the actor may come back,
+      e.g. while Ray learns whether its process died) and ``GetTimeoutError`` (no answer
+      within ``ray.get``'s timeout) raise ``unreachable``: retry later.
+    * any other ``RayActorError`` (``ActorDiedError``: the process or its node is dead)
+      raises ``gone``: replace the actor.
+    * ``RayTaskError`` (the actor method itself raised) raises the method's own error,
+      unwrapped (Ray's ``cause``), without the Ray wrapper chained.
+
+    Every other error passes through unchanged. Imports Ray only when an error is raised.
+
+    Args:
+        gone: the exception type raised for a dead actor (built with one message string).
+        unreachable: the exception type raised for an actor that may come back.
+    """
+    try:
+        yield
+    except Exception as e:
+        mapped = _map_ray_error(e, gone, unreachable)
+        if mapped is e:
+            raise
+        if isinstance(mapped, (gone, unreachable)):
+            raise mapped from e
+        raise mapped from None
+
+
+def _map_ray_error(e: Exception, gone: type[Exception], unreachable: type[Exception]) -> BaseException:
+    import ray.exceptions as rex
+
+    if isinstance(e, rex.ActorUnavailableError):  # checked first: it is a RayActorError too
+        return unreachable(type(e).__name__)
+    if isinstance(e, rex.RayActorError):
+        return gone(type(e).__name__)
+    if isinstance(e, rex.GetTimeoutError):
+        return unreachable(f"no answer in time ({type(e).__name__})")
+    if isinstance(e, rex.RayTaskError):
+        return e.cause if isinstance(e.cause, BaseException) else e
+    return e

@@ -1,5 +1,11 @@
-"""Enhanced fan-out (EFO): the stream consumer (``RegisterStreamConsumer``) and
-:class:`FanOutFetcher`, the second read path of a shard (``SubscribeToShard``).
+"""Enhanced fan-out (EFO): :class:`FanOutFetcher`, the second read path of a shard
+(``SubscribeToShard``), and the decoding of its events.
+
+Three modules, one role each: this one (the events and the fetcher),
+:mod:`~kinesis_actors.fanout_http` (the transport: :class:`HttpSubscriber`,
+:class:`EventSource`, :data:`Subscribe`) and :mod:`~kinesis_actors.fanout_consumer` (the
+stream consumer: :func:`ensure_stream_consumer`, :func:`deregister_stream_consumer`);
+every name stays importable from here.
 
 :class:`FanOutFetcher` sits behind the same seam as
 :class:`~kinesis_actors.kinesis.ShardFetcher`: :meth:`~FanOutFetcher.step` returns
@@ -34,31 +40,36 @@ of one process would then share one connection.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import datetime as _dt
-import json
 import logging
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Literal
 
-from .errors import InvalidError, KinesisError, StreamError, aws_error_code, is_throttling
-from .kinesis import Fetched, ShardPosition, backoff_s, call_with_retry, describe_stream, record_bytes
+from .backoff import Backoff
+from .batch import RecordBatch
+from .errors import InvalidError, KinesisError, aws_error_code, is_throttling
+from .fanout_consumer import deregister_stream_consumer, ensure_stream_consumer
+from .fanout_http import EventSource, HttpSubscriber, Subscribe
+from .kinesis import Fetched, ShardPosition
 from .records import StartAt, seq_key
+from .wire import batch_from_json_records, loads
 
 __all__ = ["ensure_stream_consumer", "deregister_stream_consumer", "FanOutFetcher", "HttpSubscriber", "EventSource",
            "Subscribe", "SubscriptionEvent", "parse_event_payload", "MIN_SUBSCRIBE_SPACING_S",
-           "SUBSCRIPTION_RENEW_S", "FANOUT_EVENT_RESERVE_BYTES"]
+           "SUBSCRIPTION_RENEW_S", "FANOUT_EVENT_RESERVE_BYTES", "SUBSCRIBE_BACKOFF"]
 
 log = logging.getLogger(__name__)
 
 MIN_SUBSCRIBE_SPACING_S = 1.0
 """Shortest gap between two ``SubscribeToShard`` calls on one shard, seconds: AWS allows one
 call per second per shard and consumer (``LimitExceededException`` beyond)."""
+
+SUBSCRIBE_BACKOFF = Backoff(base_s=MIN_SUBSCRIBE_SPACING_S, cap_s=5.0, floor_s=MIN_SUBSCRIBE_SPACING_S)
+"""Waits before a new ``SubscribeToShard`` after a refused or lost one, seconds: full jitter
+from :data:`MIN_SUBSCRIBE_SPACING_S` up to 5 s."""
 
 SUBSCRIPTION_RENEW_S = 290.0
 """Age at which an open subscription is renewed, seconds. AWS ends a subscription after 5
@@ -71,220 +82,8 @@ FANOUT_EVENT_RESERVE_BYTES = 2 * 2**20
 pushes to one consumer per shard and second at EFO's documented rate (2 MB/s). An event
 that carries more is still taken and counted in full."""
 
-_READ_CHUNK = 256 * 1024
 _RETRY_CODES = frozenset({"ResourceInUseException", "LimitExceededException", "InternalFailure",
                           "InternalFailureException", "ServiceUnavailable"})
-_CONSUMER_POLL_S = 0.25
-
-
-# --------------------------------------------------------------------------- the stream consumer
-def _consumer_description(client: Any, stream_arn: str, consumer_name: str) -> dict[str, Any] | None:
-    try:
-        response = call_with_retry(
-            lambda: client.describe_stream_consumer(StreamARN=stream_arn, ConsumerName=consumer_name),
-            operation="DescribeStreamConsumer", resource=consumer_name)
-    except KinesisError as e:
-        if e.aws_code == "ResourceNotFoundException":
-            return None
-        raise
-    description: dict[str, Any] = response["ConsumerDescription"]
-    return description
-
-
-def ensure_stream_consumer(client: Any, stream: str, consumer_name: str, *, wait_s: float = 60.0) -> str:
-    """Register the stream consumer ``consumer_name`` on ``stream``, or reuse the one that
-    exists, and wait until it is ``ACTIVE``. Returns its ARN.
-
-    Several readers and instances of one application share one consumer: whoever comes
-    first registers it (``RegisterStreamConsumer``); the others find it with
-    ``DescribeStreamConsumer``, and a race between two registrations
-    (``ResourceInUseException``) is settled by describing it again. The consumer is never
-    deregistered here (see :func:`deregister_stream_consumer`).
-
-    Args:
-        client: a boto3 Kinesis client.
-        stream: the stream name. consumer_name: the consumer's name, used exactly.
-        wait_s: longest wait for ``ACTIVE``, seconds (``DescribeStreamConsumer`` every 0.25 s).
-
-    Raises:
-        StreamError: the stream does not exist, or the consumer is being deleted.
-        KinesisError: not ``ACTIVE`` within ``wait_s``, the limit of consumers per stream
-            (``LimitExceededException`` past retries), or another error, translated.
-    """
-    arn = describe_stream(client, stream)["StreamARN"]
-    end = time.monotonic() + wait_s
-    description = _consumer_description(client, arn, consumer_name)
-    if description is None:
-        try:
-            response = call_with_retry(lambda: client.register_stream_consumer(StreamARN=arn,
-                                                                               ConsumerName=consumer_name),
-                                       operation="RegisterStreamConsumer", resource=consumer_name)
-            description = response["Consumer"]
-            log.info("registered stream consumer %s on %s", consumer_name, stream)
-        except KinesisError as e:
-            if e.aws_code != "ResourceInUseException":
-                raise
-            description = _consumer_description(client, arn, consumer_name)  # registered by another instance
-    while True:
-        status = description.get("ConsumerStatus") if description else None
-        if status == "ACTIVE" and description is not None:
-            consumer_arn: str = description["ConsumerARN"]
-            return consumer_arn
-        if status == "DELETING":
-            raise StreamError(f"stream consumer {consumer_name!r} of {stream!r} is being deleted")
-        if time.monotonic() > end:
-            raise KinesisError(f"stream consumer {consumer_name!r} of {stream!r} is {status}, not ACTIVE after "
-                               f"{wait_s:.0f} s", retriable=True)
-        time.sleep(_CONSUMER_POLL_S)
-        description = _consumer_description(client, arn, consumer_name)
-
-
-def deregister_stream_consumer(client: Any, stream: str, consumer_name: str) -> bool:
-    """Deregister the stream consumer ``consumer_name`` of ``stream`` (the explicit call:
-    closing a subscription never does it). Returns False if it did not exist.
-
-    Every reader still subscribed through it loses its subscriptions (AWS ends them).
-
-    Raises:
-        StreamError: the stream does not exist. KinesisError: another error, translated.
-    """
-    arn = describe_stream(client, stream)["StreamARN"]
-    try:
-        call_with_retry(lambda: client.deregister_stream_consumer(StreamARN=arn, ConsumerName=consumer_name),
-                        operation="DeregisterStreamConsumer", resource=consumer_name)
-    except KinesisError as e:
-        if e.aws_code == "ResourceNotFoundException":
-            return False
-        raise
-    log.info("deregistered stream consumer %s of %s", consumer_name, stream)
-    return True
-
-
-# --------------------------------------------------------------------------- transport
-class EventSource(Protocol):
-    """The body of one accepted ``SubscribeToShard``: raw event-stream bytes."""
-
-    def read(self) -> bytes:
-        """The next bytes that arrived (blocking until some do, within the read timeout);
-        ``b""`` when the subscription ended. Raises on a dropped connection or a timeout."""
-        ...
-
-    def close(self) -> None:
-        """End the subscription now (thread-safe; wakes a :meth:`read` in progress)."""
-        ...
-
-
-Subscribe = Callable[[dict[str, Any]], EventSource]
-"""Opens one subscription: ``subscribe(params)`` with boto3's ``subscribe_to_shard``
-keyword arguments (``ConsumerARN``, ``ShardId``, ``StartingPosition``). Returns once the
-service accepted it (HTTP 200); raises a botocore ``ClientError`` (with the AWS code) when
-refused, or a network error."""
-
-
-class _SignedRequest(BaseException):
-    """Carries the request botocore signed out of ``subscribe_to_shard`` (a BaseException,
-    so botocore's ``except Exception`` around the send does not retry or wrap it)."""
-
-    def __init__(self, request: Any) -> None:
-        super().__init__("SubscribeToShard request captured")
-        self.request = request
-
-
-def _capture_subscribe(request: Any, **_: Any) -> None:
-    raise _SignedRequest(request)
-
-
-class _HttpEvents:
-    """:class:`EventSource` over a streaming urllib3 response."""
-
-    def __init__(self, response: Any, pool: Any) -> None:
-        self._response = response
-        self._pool = pool
-        connection = getattr(response, "connection", None)
-        self._sock: socket.socket | None = getattr(connection, "sock", None)
-        self._closed = False
-        self._lock = threading.Lock()
-
-    def read(self) -> bytes:
-        if self._closed:
-            return b""
-        data: bytes = self._response.read1(_READ_CHUNK)
-        return data
-
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        sock = self._sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # wakes a read blocked in another thread
-            except OSError:
-                pass
-        try:
-            self._response.close()
-        except Exception:
-            pass
-        self._pool.clear()
-
-
-class HttpSubscriber:
-    """The HTTP/1.1 :data:`Subscribe` over a boto3 Kinesis client (see the module docstring).
-
-    botocore serialises and signs ``SubscribeToShard`` (a ``before-send`` hook, registered
-    once per client, takes the signed request out before botocore sends it); urllib3 sends
-    it on a connection of its own (one per subscription), with the client's connect and
-    read timeouts, botocore's CA bundle, and without retries (the fetcher decides).
-    Proxies from the environment (``HTTPS_PROXY``) are not used for subscriptions.
-
-    Args:
-        client: a boto3 Kinesis client (its endpoint, region, credentials and timeouts).
-
-    Raises (from a call):
-        botocore.exceptions.ClientError: the service refused the subscription (HTTP status
-            and the AWS code from the JSON body's ``__type``).
-        urllib3 errors, OSError: the connection failed.
-    """
-
-    def __init__(self, client: Any) -> None:
-        import urllib3
-        from botocore.httpsession import get_cert_path
-
-        self._client = client
-        config = client.meta.config
-        self._timeout = urllib3.Timeout(connect=config.connect_timeout, read=config.read_timeout)
-        self._urllib3 = urllib3
-        self._ca_certs = get_cert_path(True)
-        client.meta.events.register("before-send.kinesis.SubscribeToShard", _capture_subscribe,
-                                    unique_id="kinesis-actors-subscribe-to-shard")
-
-    def __call__(self, params: dict[str, Any]) -> EventSource:
-        from botocore.exceptions import ClientError
-
-        try:
-            self._client.subscribe_to_shard(**params)
-        except _SignedRequest as captured:
-            request = captured.request
-        else:  # pragma: no cover - the hook always raises
-            raise KinesisError("SubscribeToShard was sent without the event-stream hook")
-        pool = self._urllib3.PoolManager(num_pools=1, maxsize=1, timeout=self._timeout, retries=False,
-                                         ca_certs=self._ca_certs)
-        response = pool.request(request.method, request.url, body=request.body, headers=dict(request.headers),
-                                preload_content=False, retries=False)
-        if response.status == 200:
-            return _HttpEvents(response, pool)
-        body = response.read()
-        response.close()
-        pool.clear()
-        try:
-            error = json.loads(body or b"{}")
-        except ValueError:
-            error = {}
-        code = str(error.get("__type") or f"HTTP{response.status}").rpartition("#")[2]
-        message = str(error.get("message") or error.get("Message") or code)
-        raise ClientError({"Error": {"Code": code, "Message": message},
-                           "ResponseMetadata": {"HTTPStatusCode": response.status}}, "SubscribeToShard")
 
 
 # --------------------------------------------------------------------------- events
@@ -293,33 +92,33 @@ class SubscriptionEvent:
     """One ``SubscribeToShardEvent``, decoded.
 
     Attributes:
-        records: the raw records in boto3's ``GetRecords`` shape (``Data`` bytes,
-            ``ApproximateArrivalTimestamp`` a UTC datetime).
+        records: the event's records as one batch (KPL aggregates de-aggregated).
         continuation_sequence_number: where the next subscription continues (None at shard end).
         millis_behind_latest: ``MillisBehindLatest``, ms (None if absent).
         child_shards: the ``ChildShards`` ids (set at shard end on AWS; kinesis-mock sends null).
     """
 
-    records: list[dict[str, Any]]
+    records: RecordBatch
     continuation_sequence_number: str | None
     millis_behind_latest: int | None
     child_shards: tuple[str, ...]
 
 
-def parse_event_payload(payload: bytes) -> SubscriptionEvent:
+def parse_event_payload(payload: bytes, *, shard_id: str = "", stream: str = "") -> SubscriptionEvent:
     """Decode the JSON payload of a ``SubscribeToShardEvent`` frame (blobs are base64,
-    timestamps epoch seconds, as in AWS's JSON 1.1 protocol).
+    timestamps epoch seconds, as in AWS's JSON 1.1 protocol) with the parser of
+    ``GetRecords``'s fast path (:func:`kinesis_actors.wire.loads`,
+    :func:`~kinesis_actors.wire.batch_from_json_records`).
+
+    Args:
+        payload: the frame's payload. shard_id / stream: what the records are labelled with.
 
     Raises:
         KinesisError: the payload is not the JSON of such an event.
     """
     try:
-        body = json.loads(payload)
-        records = [{**r, "Data": base64.b64decode(r.get("Data") or ""),
-                    "ApproximateArrivalTimestamp": _dt.datetime.fromtimestamp(
-                        float(r["ApproximateArrivalTimestamp"]), _dt.timezone.utc)
-                    if r.get("ApproximateArrivalTimestamp") is not None else None}
-                   for r in body.get("Records") or []]
+        body = loads(payload)
+        records = batch_from_json_records(body.get("Records") or [], shard_id=shard_id, stream=stream)
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise KinesisError(f"SubscribeToShard: an event that does not decode ({e!r:.200})") from e
     lag = body.get("MillisBehindLatest")
@@ -377,7 +176,7 @@ class FanOutFetcher(ShardPosition):
     * ``ResourceInUseException`` (the previous subscription of this consumer and shard is
       still open on the service side), ``LimitExceededException`` (more than one
       ``SubscribeToShard`` per second), throttling, 5xx, network errors, a read timeout:
-      exponential backoff with jitter (:func:`~kinesis_actors.kinesis.backoff_s`, at least
+      exponential backoff with full jitter (:data:`SUBSCRIBE_BACKOFF`, at least
       ``MIN_SUBSCRIBE_SPACING_S``), then a new subscription. Subscriptions on one shard are
       never closer than :data:`MIN_SUBSCRIBE_SPACING_S`.
     * Shard end: an event with ``ChildShards``, or without ``ContinuationSequenceNumber``,
@@ -483,12 +282,31 @@ class FanOutFetcher(ShardPosition):
         with self._lock:
             self._closed = False
 
-    def pause(self) -> None:
-        """Drop the subscription (backpressure); the next step resubscribes from :attr:`position`."""
+    def pause(self) -> bool:
+        """Drop the subscription (backpressure); the next step resubscribes from :attr:`position`.
+        True (the reader's Fetcher protocol: something was dropped)."""
         if self._source is not None:
             log.info("%s: byte budget full; subscription dropped, resubscribing after the last acknowledged "
                      "record", self.resource)
         self._drop()
+        return True
+
+    # -- the reader's Fetcher protocol (kinesis_actors.reader.fetcher)
+    reserve_bytes: int | None = FANOUT_EVENT_RESERVE_BYTES
+    """Byte-budget reservation of one step (one event), bytes."""
+
+    @property
+    def io_kind(self) -> Literal["stream", "open"]:
+        """``"stream"`` while a subscription is open (the step waits for its next event), else
+        ``"open"`` (``SubscribeToShard``: at most once per second per shard)."""
+        return "stream" if self._source is not None else "open"
+
+    def counters(self) -> dict[str, int]:
+        """The polling counters (0 here but ``throttles``) and ``subscriptions``,
+        ``subscription_renewals``, ``subscription_drops``."""
+        return {"get_records_calls": self.get_records_calls, "throttles": self.throttles,
+                "expired_iterators": self.expired_iterators, "subscriptions": self.subscriptions,
+                "subscription_renewals": self.renewals, "subscription_drops": self.drops}
 
     # -- internals
     def _drop(self) -> None:
@@ -501,7 +319,7 @@ class FanOutFetcher(ShardPosition):
     def _backoff(self, e: BaseException, what: str) -> None:
         self.throttles += 1
         self.throttled_in_a_row += 1
-        pause = max(MIN_SUBSCRIBE_SPACING_S, backoff_s(self.throttled_in_a_row, rng=self._rng))
+        pause = SUBSCRIBE_BACKOFF.delay_s(self.throttled_in_a_row, rng=self._rng)
         self._next_call_at = max(self._next_call_at, self._clock() + pause)
         log.info("%s on %s: %s; next subscription in %.2f s", what, self.resource,
                  aws_error_code(e) or type(e).__name__, pause)
@@ -624,7 +442,7 @@ class FanOutFetcher(ShardPosition):
             return None
         if headers.get(":event-type") != "SubscribeToShardEvent":
             return None  # initial-response (AWS) and events this version does not know
-        event = parse_event_payload(message.payload)
+        event = parse_event_payload(message.payload, shard_id=self.shard_id, stream=self.stream)
         self.events += 1
         records = self._accept(event.records)
         self._continuation = event.continuation_sequence_number
@@ -633,4 +451,4 @@ class FanOutFetcher(ShardPosition):
         shard_end = bool(event.child_shards) or event.continuation_sequence_number is None or self._past_end(at_tip)
         if shard_end:
             self._drop()
-        return Fetched(records, lag, shard_end, at_tip, sum(record_bytes(r) for r in records))
+        return Fetched(records, lag, shard_end, at_tip, records.nbytes)

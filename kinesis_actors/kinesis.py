@@ -17,16 +17,24 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from .errors import StreamError, aws_error_code, is_throttling, is_unreachable, translate_aws_error
+from .backoff import THROTTLE_BACKOFF, Backoff
+from .batch import RecordBatch
+from .errors import KinesisError, StreamError, aws_error_code, is_throttling, is_unreachable, translate_aws_error
 from .records import Record, StartAt, records_from_response, seq_key
+from .wire import wire_get_records
 
 __all__ = ["ShardInfo", "describe_stream", "ensure_stream", "list_shards", "call_with_retry", "ShardFetcher",
-           "Fetched", "MIN_CALL_SPACING_S", "GET_RECORDS_MAX_BYTES", "record_bytes", "backoff_s"]
+           "Fetched", "MIN_CALL_SPACING_S", "GET_RECORDS_MAX_BYTES", "record_bytes", "backoff_s",
+           "CONTROL_PLANE_BACKOFF"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+CONTROL_PLANE_BACKOFF = Backoff(base_s=0.4, cap_s=3.0, floor_s=0.1)
+"""Waits of :func:`call_with_retry` between throttled control-plane calls (``ListShards``,
+``DescribeStreamSummary``, stream consumers: a few calls per second per account), seconds."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +75,13 @@ class ShardInfo:
         )
 
 
-def call_with_retry(fn: Callable[[], T], *, operation: str, resource: str, deadline_s: float = 30.0) -> T:
+def call_with_retry(fn: Callable[[], T], *, operation: str, resource: str, deadline_s: float = 30.0,
+                    backoff: Backoff | None = None) -> T:
     """Call ``fn`` and retry throttling/transient errors with full-jitter backoff until ``deadline_s``.
+
+    The ``n``-th wait is ``backoff.delay_s(n)`` (default :data:`CONTROL_PLANE_BACKOFF`, read
+    at each call), cut short at the deadline; blocking (``time.sleep``), for the driver and
+    the control plane.
 
     An endpoint that cannot be reached (connection refused: nothing listens) is not
     retried here past botocore's own attempts: the caller hears at once, with the URL.
@@ -87,7 +100,7 @@ def call_with_retry(fn: Callable[[], T], *, operation: str, resource: str, deadl
             # An endpoint that refuses connections was retried by botocore already.
             if not is_throttling(e) or is_unreachable(e) or time.monotonic() >= end:
                 raise err from e
-            pause = random.uniform(0.1, min(3.0, 0.2 * 2**attempt))
+            pause = (backoff or CONTROL_PLANE_BACKOFF).delay_s(attempt)
             log.info("%s on %s throttled (%s); retrying in %.2f s", operation, resource, err.aws_code, pause)
             time.sleep(min(pause, max(0.0, end - time.monotonic())))
 
@@ -171,7 +184,9 @@ def list_shards(client: Any, stream: str, *, deadline_s: float = 30.0) -> list[S
         try:
             response = call_with_retry(functools.partial(client.list_shards, NextToken=token),
                                        operation="ListShards", resource=stream, deadline_s=deadline_s)
-        except Exception:
+        except KinesisError as e:  # moto refuses NextToken without StreamName (AWS refuses both together)
+            log.debug("ListShards of %s by NextToken alone refused (%s); asking with the stream name too",
+                      stream, e.aws_code)
             response = call_with_retry(functools.partial(client.list_shards, StreamName=stream, NextToken=token),
                                        operation="ListShards", resource=stream, deadline_s=deadline_s)
     return sorted(shards, key=lambda s: s.shard_id)
@@ -196,10 +211,10 @@ def record_bytes(record: Record) -> int:
 
 
 def backoff_s(attempt: int, *, rng: Callable[[], float] = random.random) -> float:
-    """Exponential backoff with jitter for the ``attempt``-th retry (1-based), seconds:
-    the first wait is in [0.2, 0.4), each later one doubles, capped at 5 s."""
-    base = min(5.0, 0.2 * 2.0 ** (attempt - 1))
-    return min(5.0, base + rng() * base)
+    """The wait after the ``attempt``-th throttle in a row (1-based) of a shard's Kinesis
+    calls, seconds: :data:`~kinesis_actors.backoff.THROTTLE_BACKOFF` (full jitter, at least
+    0.2 s, at most 5 s). ``rng``: uniform in ``[0, 1)``."""
+    return THROTTLE_BACKOFF.delay_s(attempt, rng=rng)
 
 
 def _is_expired_iterator(exc: BaseException) -> bool:
@@ -213,16 +228,19 @@ class Fetched:
 
     Attributes:
         records: the user records in shard order (KPL aggregates split), without those at
-            or before the position the iterator was opened after.
+            or before the position the iterator was opened after, as one compact
+            :class:`~kinesis_actors.batch.RecordBatch` (a ``Sequence[Record]``).
         millis_behind_latest: ``MillisBehindLatest`` of the response, ms (None if absent).
         shard_end: the shard is read to its end: ``NextShardIterator`` was null, or a closed
             shard's ``EndingSequenceNumber`` was reached (moto never returns null).
         at_tip: the response was empty with ``MillisBehindLatest`` 0 (or absent): nothing
             more to read now.
-        bytes: :func:`record_bytes` summed over ``records``.
+        bytes: what ``records`` holds, bytes (:attr:`RecordBatch.nbytes
+            <kinesis_actors.batch.RecordBatch.nbytes>`: payloads, keys, sequence numbers,
+            offsets, arrival times): what a byte budget counts.
     """
 
-    records: list[Record]
+    records: RecordBatch
     millis_behind_latest: int | None
     shard_end: bool
     at_tip: bool
@@ -269,13 +287,18 @@ class ShardPosition:
         else:
             self._skip_through = None
 
-    def _accept(self, raw: list[dict[str, Any]]) -> list[Record]:
-        """The user records of one answer (``Records`` of ``GetRecords`` or of an event), minus
-        those already returned; the last one becomes the resume point."""
-        records = records_from_response(raw, shard_id=self.shard_id, stream=self.stream)
+    def _accept(self, raw: list[dict[str, Any]] | RecordBatch) -> RecordBatch:
+        """The user records of one answer (``Records`` of ``GetRecords`` or of an event, as
+        botocore's dicts or already a batch), minus those already returned; the last one
+        becomes the resume point."""
+        if isinstance(raw, RecordBatch):
+            records = raw
+        else:
+            records = RecordBatch.from_records(records_from_response(raw, shard_id=self.shard_id, stream=self.stream),
+                                               shard_id=self.shard_id, stream=self.stream)
         if self._skip_through is not None and records:
             skip, self._skip_through = self._skip_through, None
-            records = [r for r in records if r.position > skip]
+            records = records.after(skip)
         if records:
             self._last = records[-1]
         self._start = self._restart
@@ -324,8 +347,14 @@ class ShardFetcher(ShardPosition):
       ``max_idle_wait_s``, and the first records bring it back to zero. An idle shard
       thus costs at most ``1 / max_idle_wait_s`` calls per second.
 
+    ``GetRecords`` goes through :class:`~kinesis_actors.wire.WireGetRecords` (urllib3 and
+    msgspec, botocore signing and errors) when the client is a botocore client it applies
+    to (:func:`~kinesis_actors.wire.wire_get_records`), else through
+    ``client.get_records``; both give the same records and the same errors.
+
     Args:
-        client: a boto3 Kinesis client; called from whichever thread calls :meth:`step`.
+        client: a boto3 Kinesis client (or a fake with ``get_records``); called from
+            whichever thread calls :meth:`step`.
         stream: the stream name. shard_id: the shard.
         start: where to open when no record was returned yet.
         restart_at: where to reopen when the first iterator expires before any record was
@@ -348,6 +377,7 @@ class ShardFetcher(ShardPosition):
                  rng: Callable[[], float] = random.random) -> None:
         super().__init__(stream, shard_id, start, restart_at, ending_sequence_number)
         self.client = client
+        self._wire = wire_get_records(client)
         self.max_records = max_records
         self.idle_wait_s = idle_wait_s
         self.max_idle_wait_s = max(idle_wait_s, max_idle_wait_s)
@@ -373,6 +403,27 @@ class ShardFetcher(ShardPosition):
     def has_iterator(self) -> bool:
         """True while an iterator is held (the next step is a ``GetRecords``)."""
         return self._iterator is not None
+
+    # -- the reader's Fetcher protocol (kinesis_actors.reader.fetcher)
+    reserve_bytes: int | None = None
+    """Byte-budget reservation of one step: None, one ``GetRecords`` response (the budget's default)."""
+
+    @property
+    def io_kind(self) -> Literal["poll", "open"]:
+        """``"poll"`` while an iterator is held (a recurring ``GetRecords``), else ``"open"``."""
+        return "poll" if self._iterator is not None else "open"
+
+    def close(self) -> None:
+        """Nothing to end: a polling fetcher holds no connection of its own."""
+
+    def pause(self) -> bool:
+        """Nothing to drop (``GetRecords`` holds nothing between calls): False."""
+        return False
+
+    def counters(self) -> dict[str, int]:
+        """``get_records_calls``, ``throttles``, ``expired_iterators``."""
+        return {"get_records_calls": self.get_records_calls, "throttles": self.throttles,
+                "expired_iterators": self.expired_iterators}
 
     def seek(self, position: StartAt) -> None:
         """Drop the iterator and everything returned: the next step opens at ``position``."""
@@ -429,7 +480,11 @@ class ShardFetcher(ShardPosition):
         self._next_call_at = self._clock() + MIN_CALL_SPACING_S
         self.get_records_calls += 1
         try:
-            response = self.client.get_records(ShardIterator=self._iterator, Limit=self.max_records)
+            if self._wire is not None:
+                response = self._wire.call(self._iterator, self.max_records, shard_id=self.shard_id,
+                                           stream=self.stream)
+            else:
+                response = self.client.get_records(ShardIterator=self._iterator, Limit=self.max_records)
         except Exception as e:
             if _is_expired_iterator(e):
                 self.expired_iterators += 1
@@ -453,5 +508,4 @@ class ShardFetcher(ShardPosition):
             self._next_call_at = max(self._next_call_at, self._clock() + wait)
         else:
             self._idle = 0
-        return Fetched(records, None if lag is None else int(lag), shard_end, at_tip,
-                       sum(record_bytes(r) for r in records))
+        return Fetched(records, None if lag is None else int(lag), shard_end, at_tip, records.nbytes)

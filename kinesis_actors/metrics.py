@@ -19,9 +19,11 @@ name                                        kind     tags                       
 ``kinesis_actors_bytes_delivered``          counter  stream, shard_id, owner_id   their payload bytes
 ``kinesis_actors_get_records_calls``        counter  stream, shard_id, owner_id   ``GetRecords`` calls
 ``kinesis_actors_throttles``                counter  stream, shard_id, owner_id   throttled calls
+``kinesis_actors_sink_failures``            counter  stream, shard_id, owner_id   failed deliveries (retried)
+``kinesis_actors_dead_letter_records``      counter  stream, shard_id, owner_id   records sent to the dead letter
+``kinesis_actors_checkpoints_written``      counter  stream, shard_id, owner_id   checkpoint writes
 ``kinesis_actors_millis_behind_latest``     gauge    stream, shard_id, owner_id   lag, ms (see below)
 ``kinesis_actors_checkpoint_age_s``         gauge    stream, shard_id, owner_id   s since the last checkpoint
-``kinesis_actors_records_dead_lettered``    counter  stream, shard_id, owner_id   dead letters written
 ``kinesis_actors_dead_letter_failures``     counter  stream, shard_id, owner_id   failed dead-letter writes
 ``kinesis_actors_records_filtered``         counter  stream, shard_id, owner_id   rejected by record_filter
 ``kinesis_actors_batches_bisected``         counter  stream, shard_id, owner_id   failing batches split
@@ -36,8 +38,9 @@ name                                        kind     tags                       
 ``millis_behind_latest`` is the reader's figure: ``MillisBehindLatest`` of the last
 ``GetRecords``, raised to the age of its newest record against the current time (some
 emulators report 0 or a gap between records). ``checkpoint_age_s`` counts from the
-reader's last checkpoint write (or from its start); it grows on an idle shard too, so
-alert on it together with the lag.
+reader's last checkpoint write (or from its start, for a checkpoint read from the lease
+row); it is ``None`` (not exported) for a shard with no checkpoint yet. It grows on an
+idle shard too, so alert on it together with the lag (``cluster/prometheus/alerts.yaml``).
 
 :func:`checkpoint_lag_ms` computes a shard's lag from a lease row's checkpoint alone
 (for a lease-table view such as ``kinesis-actors leases``).
@@ -70,9 +73,11 @@ INSTANCE_TAGS = ("stream", "owner_id")
 # metric name -> key of the reader's / coordinator's figures
 SHARD_COUNTERS = {"records_delivered": "records", "bytes_delivered": "bytes",
                   "get_records_calls": "get_records_calls", "throttles": "throttles",
+                  "sink_failures": "sink_failures", "dead_letter_records": "dead_letter_records",
+                  "checkpoints_written": "checkpoints_written",
                   # delivery controls (kinesis_actors.delivery bumps these keys of the reader's stats)
-                  "records_dead_lettered": "dead_lettered", "dead_letter_failures": "dead_letter_failures",
-                  "records_filtered": "filtered", "batches_bisected": "bisected", "partial_acks": "partial_acks"}
+                  "dead_letter_failures": "dead_letter_failures", "records_filtered": "filtered",
+                  "batches_bisected": "bisected", "partial_acks": "partial_acks"}
 SHARD_GAUGES = {"millis_behind_latest": "millis_behind_latest", "checkpoint_age_s": "checkpoint_age_s",
                 "batches_in_flight": "batches_in_flight"}
 INSTANCE_COUNTERS = {"leases_taken": "leases_taken", "leases_lost": "leases_lost",
@@ -83,9 +88,12 @@ _DESCRIPTIONS = {
     "bytes_delivered": "Payload bytes of the records acknowledged, per shard.",
     "get_records_calls": "GetRecords calls, per shard.",
     "throttles": "Throttled Kinesis calls (ProvisionedThroughputExceeded, LimitExceeded), per shard.",
+    "sink_failures": "Failed deliveries to the downstream (each retried, up to max_sink_retries), per shard.",
+    "dead_letter_records": "Records sent to the dead-letter stream (refused past max_sink_retries, or older than "
+                           "max_record_age_s), per shard.",
+    "checkpoints_written": "Checkpoint writes (one conditional UpdateItem each on DynamoDB), per shard.",
     "millis_behind_latest": "MillisBehindLatest of the last GetRecords, at least the age of its newest record (ms).",
-    "checkpoint_age_s": "Seconds since the reader last wrote a checkpoint (or started).",
-    "records_dead_lettered": "Records written to the dead-letter stream (sink refusals and max_record_age), per shard.",
+    "checkpoint_age_s": "Seconds since the reader last wrote a checkpoint (or started); absent without a checkpoint.",
     "dead_letter_failures": "Failed attempts to write dead letters (retried, never skipped), per shard.",
     "records_filtered": "Records rejected by record_filter (acknowledged without delivery), per shard.",
     "batches_bisected": "Failing batches split in halves by bisect_on_error, per shard.",
@@ -210,7 +218,8 @@ def reader_tick(spec: Any, stats: dict[str, Any], *, now: float | None = None, f
                                               checkpoint_since=now)
         if stats.get("checkpoint") != state.checkpoint:
             state.checkpoint, state.checkpoint_since = stats.get("checkpoint"), now
-        stats["checkpoint_age_s"] = round(now - state.checkpoint_since, 3)
+        # No checkpoint yet (a fresh shard, after a seek): no age, so an age alert never fires on it.
+        stats["checkpoint_age_s"] = None if state.checkpoint is None else round(now - state.checkpoint_since, 3)
         if not force and now - state.exported_at < EXPORT_INTERVAL_S:
             return
         sink = _sink()

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .aws import AwsSettings
+from .backoff import Backoff
 from .config import validate_stream_name
 from .connection import ConnectionState
 from .errors import InvalidError, KinesisError, is_throttling, translate_aws_error
 
-__all__ = ["Publisher", "PutResult", "MAX_RECORD_BYTES", "MAX_REQUEST_BYTES", "MAX_REQUEST_RECORDS"]
+__all__ = ["Publisher", "PutResult", "MAX_RECORD_BYTES", "MAX_REQUEST_BYTES", "MAX_REQUEST_RECORDS", "PUT_BACKOFF"]
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,9 @@ MAX_REQUEST_BYTES = 5 * 1024 * 1024
 MAX_REQUEST_RECORDS = 500
 """Most records in one ``PutRecords`` call."""
 _MAX_HASH_KEY = 2**128 - 1
+PUT_BACKOFF = Backoff(base_s=0.1, cap_s=5.0)
+"""Waits between ``PutRecords`` attempts of one chunk (a throttled call, or entries that
+failed), seconds: full jitter from 0 up to 0.1 s doubling per attempt, at most 5 s."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -195,7 +198,7 @@ class Publisher:
 
     @staticmethod
     def _backoff(attempt: int) -> None:
-        time.sleep(random.uniform(0, min(5.0, 0.1 * 2 ** (attempt - 1))))
+        time.sleep(PUT_BACKOFF.delay_s(attempt))
 
 
 def _rebuild_publisher(stream: str, aws: AwsSettings, max_attempts: int) -> Publisher:

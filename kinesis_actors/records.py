@@ -39,9 +39,13 @@ def seq_key(sequence_number: str) -> int:
     return int(sequence_number)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+_UTC = _dt.timezone.utc
+_FIELDS = ("data", "partition_key", "sequence_number", "sub_sequence_number", "approximate_arrival_timestamp",
+           "shard_id", "stream", "explicit_hash_key")
+
+
 class Record:
-    """One user record of one shard, as delivered downstream.
+    """One user record of one shard, as delivered downstream (immutable).
 
     Attributes:
         data: the payload bytes (at most 1 MiB).
@@ -50,26 +54,103 @@ class Record:
             aggregate share the aggregate's sequence number.
         sub_sequence_number: index of the user record inside a KPL aggregate, else None.
         approximate_arrival_timestamp: when Kinesis accepted it (timezone-aware UTC); AWS
-            always sets it (None only from an emulator that leaves it out).
+            always sets it (None only from an emulator that leaves it out). Built lazily:
+            a record read off the wire holds the epoch seconds of the JSON answer
+            (:attr:`arrival_epoch_s`) until this is first read.
         shard_id: the shard it was read from.
         stream: the stream name.
         explicit_hash_key: the explicit hash key inside a KPL aggregate, else None.
+
+    ``approximate_arrival_timestamp`` may be given as a ``datetime`` (a naive one is taken
+    as UTC) or as float epoch seconds; equality and hashing compare the instant.
+
+    Raises:
+        dataclasses.FrozenInstanceError: on assignment to an attribute.
     """
+
+    __slots__ = (
+        "_arrival",
+        "data",
+        "explicit_hash_key",
+        "partition_key",
+        "sequence_number",
+        "shard_id",
+        "stream",
+        "sub_sequence_number",
+    )
 
     data: bytes
     partition_key: str
     sequence_number: str
     sub_sequence_number: int | None
-    approximate_arrival_timestamp: _dt.datetime | None
+    _arrival: _dt.datetime | float | None
     shard_id: str
     stream: str
-    explicit_hash_key: str | None = None
+    explicit_hash_key: str | None
+
+    def __init__(self, data: bytes, partition_key: str, sequence_number: str, sub_sequence_number: int | None,
+                 approximate_arrival_timestamp: _dt.datetime | float | None, shard_id: str, stream: str,
+                 explicit_hash_key: str | None = None) -> None:
+        put = object.__setattr__
+        put(self, "data", data)
+        put(self, "partition_key", partition_key)
+        put(self, "sequence_number", sequence_number)
+        put(self, "sub_sequence_number", sub_sequence_number)
+        put(self, "_arrival", approximate_arrival_timestamp)
+        put(self, "shard_id", shard_id)
+        put(self, "stream", stream)
+        put(self, "explicit_hash_key", explicit_hash_key)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    @property
+    def approximate_arrival_timestamp(self) -> _dt.datetime | None:
+        """When Kinesis accepted the record, timezone-aware UTC (None if the service left it out)."""
+        arrival = self._arrival
+        if arrival is None or isinstance(arrival, _dt.datetime):
+            if arrival is not None and arrival.tzinfo is None:
+                arrival = arrival.replace(tzinfo=_UTC)
+                object.__setattr__(self, "_arrival", arrival)
+            return arrival
+        # botocore's own conversion of a JSON epoch number (fromtimestamp of the float):
+        # the same datetime to the microsecond.
+        stamp = _dt.datetime.fromtimestamp(arrival, _UTC)
+        object.__setattr__(self, "_arrival", stamp)
+        return stamp
+
+    @property
+    def arrival_epoch_s(self) -> float | None:
+        """The arrival time as float epoch seconds (None if absent), without building a datetime."""
+        arrival = self._arrival
+        if arrival is None or not isinstance(arrival, _dt.datetime):
+            return arrival
+        return (arrival if arrival.tzinfo is not None else arrival.replace(tzinfo=_UTC)).timestamp()
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.data, self.partition_key, self.sequence_number, self.sub_sequence_number,
+                self.approximate_arrival_timestamp, self.shard_id, self.stream, self.explicit_hash_key)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not Record:
+            return NotImplemented
+        assert isinstance(other, Record)
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELDS)
+        return f"Record({fields})"
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # A plain tuple of fields: cheaper through Ray's pickling than the default protocol
-        # of slotted dataclasses (every batch of a push-mode sink crosses it).
+        # A plain tuple of fields (the arrival as it is held: epoch seconds until read).
         return (Record, (self.data, self.partition_key, self.sequence_number, self.sub_sequence_number,
-                         self.approximate_arrival_timestamp, self.shard_id, self.stream, self.explicit_hash_key))
+                         self._arrival, self.shard_id, self.stream, self.explicit_hash_key))
 
     @property
     def position(self) -> tuple[int, int]:

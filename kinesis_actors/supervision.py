@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .errors import KinesisError, StartError
+from .errors import KinesisError, StartError, ray_call_errors
 
 __all__ = ["CoordinatorRef", "CoordinatorGone", "CoordinatorUnreachable", "Supervisor", "RayCoordinatorRef"]
 
@@ -209,19 +209,9 @@ class RayCoordinatorRef:
 
     def _get(self, ref: Any, timeout_s: float) -> Any:
         import ray
-        import ray.exceptions as rex
 
-        try:
+        with ray_call_errors(gone=CoordinatorGone, unreachable=CoordinatorUnreachable):
             return ray.get(ref, timeout=timeout_s)
-        except rex.ActorUnavailableError as e:  # a subclass of RayActorError: maybe back
-            raise CoordinatorUnreachable(type(e).__name__) from e
-        except rex.RayActorError as e:
-            raise CoordinatorGone(type(e).__name__) from e
-        except rex.GetTimeoutError as e:
-            raise CoordinatorUnreachable(f"no answer within {timeout_s:.0f} s") from e
-        except rex.RayTaskError as e:  # the Coordinator's own error (StartError...), unwrapped
-            cause = e.cause if isinstance(e.cause, BaseException) else e
-            raise cause from None
 
     def start(self, timeout_s: float) -> None:
         try:
@@ -240,6 +230,6 @@ class RayCoordinatorRef:
         import ray
 
         try:
-            ray.kill(self.actor, no_restart=True)
-        except Exception:
-            pass
+            ray.kill(self.actor, no_restart=True)  # a dead actor is no error
+        except (ValueError, ray.exceptions.RayError) as e:  # not an actor handle; Ray shut down already
+            log.info("killing the Coordinator %r: %r", self.actor, e)

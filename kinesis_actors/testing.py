@@ -16,7 +16,8 @@
   uses): AWS event-stream frames (:func:`encode_event_frame`) with scripted refusals,
   dropped connections (also in the middle of a frame), exception events, the end of a
   subscription and ``ChildShards`` at a closed shard's end.
-- :class:`FakeClock`: a monotonic clock a test moves by hand.
+- :class:`FakeClock`: a monotonic clock a test moves by hand, with an ``async sleep`` on it;
+  :class:`InlineIo`: a reader's IO with calls made inline, for readers on a fake clock.
 - :class:`LocalReader`: the Coordinator's ``ReaderHandle`` over a
   :class:`~kinesis_actors.reader.ShardReaderCore` in the test's own event loop, with a
   ``kill()`` that behaves like a SIGKILL of the reader process.
@@ -42,7 +43,7 @@ from .errors import LeaseStoreError
 from .leases.memory import InProcessLeaseStore
 
 __all__ = ["InProcessLeaseStore", "FlakyLeaseStore", "Fault", "FaultInjector", "FaultCall", "with_faults",
-           "FakeKinesis", "FakeShard", "FakeSubscription", "encode_event_frame", "FakeClock", "LocalReader",
+           "FakeKinesis", "FakeShard", "FakeSubscription", "encode_event_frame", "FakeClock", "InlineIo", "LocalReader",
            "client_error", "kpl_aggregate"]
 
 
@@ -822,24 +823,66 @@ class FakeKinesis:
 
 
 class FakeClock:
-    """A monotonic clock for tests: ``clock()`` returns the time, ``advance(s)`` moves it.
+    """A monotonic clock for tests: ``clock()`` returns the time, ``advance(s)`` moves it, and
+    ``await clock.sleep(s)`` waits until it has moved ``s`` seconds (inject it where the code
+    under test sleeps, so a test drives time without waiting on the wall clock).
 
     Args:
         start: the first reading, seconds. follow_real: add the real monotonic time that
-            passed since creation (so asyncio sleeps still move it), default False.
+            passed since creation (so asyncio sleeps still move it), default False; then
+            :meth:`sleep` sleeps in real time.
     """
 
     def __init__(self, start: float = 1000.0, *, follow_real: bool = False) -> None:
         self._offset = start
         self._follow = follow_real
         self._t0 = time.monotonic()
+        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
 
     def __call__(self) -> float:
         return self._offset + (time.monotonic() - self._t0 if self._follow else 0.0)
 
     def advance(self, seconds: float) -> None:
-        """Move the clock forward by ``seconds``."""
+        """Move the clock forward by ``seconds``; wakes the sleepers that are due."""
         self._offset += seconds
+        now, waiting = self(), []
+        for due, future in self._sleepers:
+            if future.done():
+                continue
+            if due <= now:
+                future.set_result(None)
+            else:
+                waiting.append((due, future))
+        self._sleepers = waiting
+
+    async def sleep(self, seconds: float) -> None:
+        """Return once the clock has moved ``seconds`` forward (at once for ``seconds <= 0``,
+        after yielding to the event loop)."""
+        if self._follow:
+            await asyncio.sleep(seconds)
+            return
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self() + seconds, future))
+        await future
+
+    def next_due_in(self) -> float | None:
+        """Seconds until the earliest pending :meth:`sleep` is due, or None if none waits."""
+        pending = [due for due, future in self._sleepers if not future.done()]
+        return max(0.0, min(pending) - self()) if pending else None
+
+    async def run_for(self, seconds: float, *, step_s: float = 0.01) -> None:
+        """Move the clock ``seconds`` forward in steps of at most ``step_s``, letting the event
+        loop run every ready task between steps (no wall-clock sleep)."""
+        end = self() + seconds
+        while (left := end - self()) > 1e-12:
+            for _ in range(20):
+                await asyncio.sleep(0)
+            self.advance(min(step_s, left))
+        for _ in range(20):
+            await asyncio.sleep(0)
 
 
 class LocalReader:
@@ -859,6 +902,8 @@ class LocalReader:
         self.start_delay_s = start_delay_s
         self.dead = False
         self.calls: dict[str, int] = {}
+        self.lease_ages: dict[str, float | None] = {}  # shard id -> lease_age_s of its last add
+        self.handoff_requests: list[tuple[str, str]] = []  # (shard id, asker) passed on by the Coordinator
 
     def _check(self, method: str) -> None:
         from .coordinator import ReaderGone
@@ -886,8 +931,17 @@ class LocalReader:
             await asyncio.sleep(self.start_delay_s)
             self.start_delay_s = 0.0
 
-    async def add(self, spec: Any, lease: Any) -> Any:
-        return await self._guard("add", self.core.add(spec, lease))
+    async def add(self, spec: Any, lease: Any, *, lease_age_s: float | None = None) -> Any:
+        """The core's ``add``; ``lease_age_s`` is recorded in ``lease_ages`` and passed on."""
+        self.lease_ages[spec.shard_id] = lease_age_s
+        return await self._guard("add", self.core.add(spec, lease, lease_age_s=lease_age_s))
+
+    async def request_handoff(self, shard_id: str, asker: str) -> bool:
+        """The core's ``request_handoff`` (a plain call: it marks the consumer), kept in ``handoff_requests``."""
+        self.handoff_requests.append((shard_id, asker))
+        self._check("request_handoff")
+        accepted: bool = self.core.request_handoff(shard_id, asker)
+        return accepted
 
     async def events(self, timeout_s: float) -> Any:
         return await self._guard("events", self.core.events(timeout_s))
@@ -910,3 +964,57 @@ class LocalReader:
             return
         self.dead = True
         self.core.abort()
+
+
+class InlineIo:
+    """The reader's IO seam (``kinesis_actors.reader.ReaderIo``'s interface) with every
+    blocking call made inline on the event loop: with a :class:`FakeClock` as the reader's
+    clock and sleep, a test runs readers without threads and without wall-clock waits.
+
+    Args:
+        clock: the fake clock whose ``sleep`` a delayed call waits on.
+        delay_s: ``delay_s(pool, args)`` -> seconds of fake time a call waits before it
+            runs (``pool`` is ``"kinesis"``, ``"store"`` or ``"stream"``; ``args`` the call's
+            arguments, a store write's first one being the Lease); default none.
+        threads: most calls of one pool running at once (a delayed call holds its place
+            while it waits, like a thread of ``ReaderIo``'s pools); None: no bound.
+
+    Attributes:
+        hang_store: while True, every new lease-store call waits forever (a lease table
+            that never answers); ``hung`` counts them.
+    """
+
+    def __init__(self, clock: FakeClock, *, delay_s: Any = None, threads: int | None = None) -> None:
+        self.clock = clock
+        self.delay_s = delay_s
+        self._pools = {pool: asyncio.Semaphore(threads) if threads else None for pool in ("kinesis", "store", "stream")}
+        self.hang_store = False
+        self.hung = 0
+
+    async def _run(self, pool: str, fn: Any, args: tuple[Any, ...]) -> Any:
+        slots = self._pools[pool]
+        if slots is not None:
+            async with slots:
+                return await self._call(fn, args, pool)
+        return await self._call(fn, args, pool)
+
+    async def _call(self, fn: Any, args: tuple[Any, ...], pool: str) -> Any:
+        wait = self.delay_s(pool, args) if self.delay_s is not None else 0.0
+        if wait:
+            await self.clock.sleep(wait)
+        return fn(*args)
+
+    async def kinesis(self, fn: Any, *args: Any, limited: bool = True, shard: str | None = None) -> Any:
+        return await self._run("kinesis", fn, args)
+
+    async def stream(self, fn: Any, *args: Any) -> Any:
+        return await self._run("stream", fn, args)
+
+    async def store(self, fn: Any, *args: Any) -> Any:
+        if self.hang_store:
+            self.hung += 1
+            await asyncio.get_running_loop().create_future()
+        return await self._run("store", fn, args)
+
+    def note_renewal(self, latency_s: float, renew_interval_s: float) -> None:
+        """No call limit here."""

@@ -91,7 +91,7 @@ class DeadLetterWriter:
             the consumer passes ``Publisher.put_many`` run in its Kinesis thread pool.
         sleep: ``async sleep(seconds)``; the consumer's alive-stamping sleep (the lease is
             kept while a dead-letter stream is down).
-        stats: counters to bump (``dead_lettered``, ``dead_letter_failures``), or None.
+        stats: counters to bump (``dead_letter_records``, ``dead_letter_failures``), or None.
         backoff: waits between attempts (:data:`DEAD_LETTER_BACKOFF`).
         rng: uniform in ``[0, 1)`` for the backoff's jitter (tests).
     """
@@ -137,6 +137,6 @@ class DeadLetterWriter:
                 log.warning("shard %s: writing %d dead letters failed (%r); retry %d in %.2f s",
                             letters[0][0].shard_id, len(items), e, attempt, pause)
                 await self._sleep(pause)
-        self._stats["dead_lettered"] = self._stats.get("dead_lettered", 0) + len(items)
+        self._stats["dead_letter_records"] = self._stats.get("dead_letter_records", 0) + len(items)
         log.warning("shard %s: %d records sent to the dead letters (%s)", letters[0][0].shard_id, len(items),
                     ", ".join(sorted({reason for _, reason, _, _ in letters})))

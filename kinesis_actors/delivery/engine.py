@@ -124,7 +124,7 @@ class DeliveryEngine:
         sleep: ``async sleep(seconds)`` between retries.
         wall_clock: seconds since the epoch (record ages).
         stats: counters to bump: ``sink_failures``, ``filtered``, ``bisected``,
-            ``partial_acks`` (``dead_lettered`` is the writer's), or None.
+            ``partial_acks`` (``dead_letter_records`` is the writer's), or None.
         backoff: waits between retries (:data:`SINK_BACKOFF`).
         rng: uniform in ``[0, 1)`` for the backoff's jitter (tests), or None.
     """

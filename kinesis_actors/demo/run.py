@@ -177,10 +177,16 @@ class DemoRun:
         return code
 
     def _wait_for_ctrl_c(self) -> None:
-        """``--keep`` with the embedded emulator: keep it (and its tables) up until Ctrl-C or SIGTERM."""
+        """``--keep`` with the embedded emulator: stop Ray (a local runtime ends, a joined cluster
+        is only left), keep the emulator (and its tables) up until Ctrl-C or SIGTERM."""
         assert self.target is not None
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+            self._say("Ray stopped (its processes are gone; a cluster joined with --ray-address keeps running)")
         prog = sys.argv[0] if sys.argv and sys.argv[0].endswith(PROG) else PROG
-        click.echo(f"\nthe emulator stays up at {self.target.endpoint} until Ctrl-C; the lease table:\n"
+        click.echo(f"\nthe emulator stays up at {self.target.endpoint} until Ctrl-C (Ray does not); the lease table:\n"
                    f"  {prog} leases --table {self.table} --stream {self.opts.stream} --endpoint "
                    f"{self.target.endpoint}\n", err=True)
         try:
@@ -485,6 +491,8 @@ class DemoRun:
         if dying:
             out.print(f"  in flight:     {dying} batch(es) the crashed instance had already sent reached the sink "
                       "while its readers were being killed")
+        else:
+            out.print("  in flight:     none (no batch the crashed instance had sent reached the sink after the crash)")
         firsts: dict[str, float] = {}
         for sid, sent in mine.items():
             survivor = [x[0] for x in sent if taken_from is None or x[0] >= taken_from]

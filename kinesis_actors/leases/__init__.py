@@ -2,13 +2,16 @@
 
 - :class:`MemoryLeaseStore`: the rows in one Ray actor (one instance; empty after restart).
 - :class:`DynamoLeaseStore`: the rows in a DynamoDB table (shared by instances, durable).
+- :class:`KclLeaseStore`: an existing KCL 2.x/3.x application's lease table, in KCL's schema.
 
-Both share all the lease logic (:class:`~kinesis_actors.leases.base.BaseLeaseStore`);
+All three share the lease logic (:class:`~kinesis_actors.leases.base.BaseLeaseStore`);
 ``kinesis_actors.testing.InProcessLeaseStore`` is the same logic with rows in this process.
 """
 
 from .dynamodb import DynamoLeaseStore
+from .kcl import KclLeaseStore
 from .memory import MemoryLeaseStore
 from .protocol import SHARD_END, Instance, Lease, LeaseStore
 
-__all__ = ["Lease", "Instance", "LeaseStore", "SHARD_END", "MemoryLeaseStore", "DynamoLeaseStore"]
+__all__ = ["Lease", "Instance", "LeaseStore", "SHARD_END", "MemoryLeaseStore", "DynamoLeaseStore",
+           "KclLeaseStore"]

@@ -56,8 +56,9 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ..errors import InvalidError, LeaseLostError, LeaseStoreError
+from ..errors import InvalidError
 from .expiry import ExpiryObserver
+from .handoff import HandoffRequests
 from .presence import PresenceRows
 from .protocol import (
     Instance,
@@ -65,7 +66,6 @@ from .protocol import (
     TableSnapshot,
     duration_to_ms,
     lease_key,
-    validate_checkpoint,
     validate_names,
 )
 from .rows import (
@@ -88,22 +88,41 @@ from .rows import (
     is_shard_row,
     row_to_lease,
 )
+from .writes import HolderWrites
 
 __all__ = ["BaseLeaseStore", "Row"]
 
 logger = logging.getLogger(__name__)
 
 
-def _validate_lease(lease: object, operation: str) -> Lease:
-    if not isinstance(lease, Lease):
-        raise InvalidError(f"{operation} needs a Lease, got {type(lease).__name__}")
-    validate_names(lease.stream, lease.shard_id)
-    if lease.owner is None or not isinstance(lease.owner, str) or not lease.owner.strip():
-        raise InvalidError(f"{operation} needs a held lease; {lease.key!r} has no owner (owner={lease.owner!r})")
-    return lease
+def _args(stream: str, shard_id: str, owner: str, duration_s: float, parent_shard_ids: tuple[str, ...] | None,
+          stream_identity: tuple[str, int] | None) -> tuple[int, tuple[str, ...], Row]:
+    """A take's checked arguments: (duration ms, parent shard ids, identity attributes); InvalidError otherwise."""
+    validate_names(stream, shard_id, owner)
+    return duration_to_ms(duration_s), _parents(parent_shard_ids), _identity(stream_identity)
 
 
-class BaseLeaseStore(PresenceRows):
+def _parents(parent_shard_ids: tuple[str, ...] | None) -> tuple[str, ...]:
+    """``parent_shard_ids`` of a take as a tuple of shard ids; InvalidError otherwise."""
+    if isinstance(parent_shard_ids, str):
+        raise InvalidError(f"parent_shard_ids must be a tuple of shard ids, got {parent_shard_ids!r}")
+    parents = tuple(parent_shard_ids or ())
+    if not all(isinstance(p, str) and p.strip() for p in parents):
+        raise InvalidError(f"parent_shard_ids must be non-empty strings, got {parent_shard_ids!r}")
+    return parents
+
+
+def _identity(stream_identity: tuple[str, int] | None) -> Row:
+    """The row attributes of a take's ``stream_identity`` (ARN, creation epoch ms); InvalidError otherwise."""
+    if stream_identity is None:
+        return {}
+    arn, created_ms = stream_identity
+    if not isinstance(arn, str) or not arn or isinstance(created_ms, bool) or not isinstance(created_ms, int):
+        raise InvalidError(f"stream_identity must be (ARN, creation epoch ms), got {stream_identity!r}")
+    return {STREAM_ARN: arn, STREAM_CREATION_MS: created_ms}
+
+
+class BaseLeaseStore(HolderWrites, HandoffRequests, PresenceRows):
     """All the lease logic, over storage primitives that a subclass implements.
 
     Subclasses implement ``_read``, ``_scan``, ``_put_new`` and ``_update`` (see the module
@@ -288,51 +307,59 @@ class BaseLeaseStore(PresenceRows):
                 (before any I/O).
             LeaseStoreError: the store is missing or unreachable.
         """
-        validate_names(stream, shard_id, owner)
-        duration_ms = duration_to_ms(duration_s)
-        if isinstance(parent_shard_ids, str):
-            raise InvalidError(f"parent_shard_ids must be a tuple of shard ids, got {parent_shard_ids!r}")
-        parents = tuple(parent_shard_ids or ())
-        if not all(isinstance(p, str) and p.strip() for p in parents):
-            raise InvalidError(f"parent_shard_ids must be non-empty strings, got {parent_shard_ids!r}")
-        identity: Row = {}
-        if stream_identity is not None:
-            arn, created_ms = stream_identity
-            if not isinstance(arn, str) or not arn or isinstance(created_ms, bool) or not isinstance(created_ms, int):
-                raise InvalidError(f"stream_identity must be (ARN, creation epoch ms), got {stream_identity!r}")
-            identity = {STREAM_ARN: arn, STREAM_CREATION_MS: created_ms}
+        duration_ms, parents, identity = _args(stream, shard_id, owner, duration_s, parent_shard_ids, stream_identity)
         key = lease_key(stream, shard_id)
-
         row = self._read(key)
         if row is None:
-            item: Row = {
-                KEY: key,
-                STREAM: stream,
-                SHARD_ID: shard_id,
-                OWNER: owner,
-                COUNTER: 1,
-                DURATION_MS: duration_ms,
-                EXPIRY: self._wall_expiry_ms(duration_ms),
-            }
-            if parents:
-                item[PARENTS] = tuple(sorted(set(parents)))
-            item.update(identity)
+            item = self._new_row(key, stream, shard_id, owner, duration_ms, parents, identity)
             if self._put_new(item):
                 self._note(item)
                 logger.debug("lease %s created and taken by %s", key, owner)
                 return row_to_lease(item)
             row = self._read(key)  # lost the creation race: judge the winner's row
-            if row is None:
-                return None
-        self._note(row)
-        current_owner = row.get(OWNER)
-        counter = int(row[COUNTER])
-        if current_owner is not None and current_owner != owner and not self._expiry.expired(
-                key, counter, int(row.get(DURATION_MS, 0))):
+        if row is None or self._held_live_by_another(row, owner):
             return None
+        fields, remove = self._take_fields(row, owner, duration_ms, parents, identity)
+        new = self._update(key, row.get(OWNER), int(row[COUNTER]), fields, remove)
+        if new is None:
+            logger.debug("lease %s: %s lost the race to take it", key, owner)
+            return None
+        self._note(new)
+        if row.get(OWNER) not in (None, owner):
+            logger.info("lease %s taken by %s from %s (expired)", key, owner, row.get(OWNER))
+        return row_to_lease(new)
+
+    def _held_live_by_another(self, row: Row, owner: str) -> bool:
+        """Note ``row``; True when another owner holds it and it is not expired for this store."""
+        self._note(row)
+        holder = row.get(OWNER)
+        return holder is not None and holder != owner and not self._expiry.expired(
+            row[KEY], int(row[COUNTER]), int(row.get(DURATION_MS, 0)))
+
+    def _new_row(self, key: str, stream: str, shard_id: str, owner: str, duration_ms: int,
+                 parents: tuple[str, ...], identity: Row) -> Row:
+        """The row a take creates: owned by ``owner`` at counter 1."""
+        item: Row = {
+            KEY: key,
+            STREAM: stream,
+            SHARD_ID: shard_id,
+            OWNER: owner,
+            COUNTER: 1,
+            DURATION_MS: duration_ms,
+            EXPIRY: self._wall_expiry_ms(duration_ms),
+        }
+        if parents:
+            item[PARENTS] = tuple(sorted(set(parents)))
+        item.update(identity)
+        return item
+
+    def _take_fields(self, row: Row, owner: str, duration_ms: int, parents: tuple[str, ...],
+                     identity: Row) -> tuple[Row, tuple[str, ...]]:
+        """What a take of an existing ``row`` sets and removes: a new owner and counter, and a
+        restart of the row when it belongs to another incarnation of the stream."""
         fields: Row = {
             OWNER: owner,
-            COUNTER: counter + 1,
+            COUNTER: int(row[COUNTER]) + 1,
             WRITE_TOKEN: uuid.uuid4().hex[:16],
             DURATION_MS: duration_ms,
             EXPIRY: self._wall_expiry_ms(duration_ms),
@@ -344,7 +371,7 @@ class BaseLeaseStore(PresenceRows):
             logger.warning(
                 "lease %s belongs to another incarnation of stream %s (%s created %s ms, now %s created %s ms):"
                 " its checkpoint %r is not applied; the shard opens at the subscription's start_at",
-                key, stream, row.get(STREAM_ARN), row.get(STREAM_CREATION_MS), identity[STREAM_ARN],
+                row[KEY], row.get(STREAM), row.get(STREAM_ARN), row.get(STREAM_CREATION_MS), identity[STREAM_ARN],
                 identity[STREAM_CREATION_MS], row.get(CHECKPOINT),
             )
             fields.update(identity)
@@ -353,295 +380,7 @@ class BaseLeaseStore(PresenceRows):
                 fields[PARENTS] = tuple(sorted(set(parents)))
             else:
                 remove += (PARENTS,)
-        new = self._update(key, current_owner, counter, fields, remove)
-        if new is None:
-            logger.debug("lease %s: %s lost the race to take it", key, owner)
-            return None
-        self._note(new)
-        if current_owner is not None and current_owner != owner:
-            logger.info("lease %s taken by %s from %s (expired)", key, owner, current_owner)
-        return row_to_lease(new)
-
-    def _holder_write(
-        self, lease: Lease, operation: str, set_fields: dict[str, Any], remove_fields: tuple[str, ...] = ()
-    ) -> Lease:
-        """A write by the holder: conditional on owner AND counter; LeaseLostError if it failed.
-
-        A write can land although its caller saw an error: botocore retries an
-        ``UpdateItem`` whose answer timed out, and the retry then fails its condition; or
-        a call times out here and the caller tries again with the same Lease. So every
-        write carries a random ``lease_write_token``, and a failed condition re-reads the
-        row: if it holds this write's counter and token, the write landed; if it holds
-        those of this store's last unconfirmed write for the row (one that raised a
-        transient error), that one landed, and this write is applied on top of it. Any
-        other row, including our own owner id re-taken by a Coordinator (a new token),
-        is a lost lease.
-        """
-        token = uuid.uuid4().hex[:16]
-        key = lease.key
-        fields = {COUNTER: lease.counter + 1, WRITE_TOKEN: token, **set_fields}
-        try:
-            new = self._update(key, lease.owner, lease.counter, fields, remove_fields)
-        except LeaseStoreError as e:
-            if e.retriable:
-                with self._lock:
-                    self._unconfirmed[key] = (lease.counter + 1, token)
-            raise
-        if new is None:
-            row = self._read(key)
-            with self._lock:
-                earlier = self._unconfirmed.get(key)
-            if row is not None and (int(row[COUNTER]), row.get(WRITE_TOKEN)) == (lease.counter + 1, token):
-                new = row  # this very write landed on an earlier attempt
-            elif row is not None and earlier is not None and (int(row[COUNTER]), row.get(WRITE_TOKEN)) == earlier \
-                    and row.get(OWNER) == lease.owner:
-                logger.info("lease %s: an earlier %s write landed although it failed; applying %s on top",
-                            key, lease.owner, operation)
-                with self._lock:
-                    self._unconfirmed.pop(key, None)
-                self._note(row)
-                return self._holder_write(row_to_lease(row), operation, set_fields, remove_fields)
-            else:
-                raise LeaseLostError(
-                    f"{operation} of lease {key!r}: not held by {lease.owner!r} at counter {lease.counter} any more"
-                )
-        with self._lock:
-            self._unconfirmed.pop(key, None)
-        self._note(new)
-        return row_to_lease(new)
-
-    def renew(self, lease: Lease, *, duration_s: float | None = None) -> Lease:
-        """Extend a held lease; the counter rises by one.
-
-        Conditional on the lease's owner AND counter (UpdateItem with a
-        ConditionExpression on DynamoDB).
-
-        Args:
-            lease: the latest Lease the holder got from this store.
-            duration_s: new lease duration, seconds; None keeps ``lease.duration_ms``.
-
-        Returns:
-            The new Lease.
-
-        Raises:
-            InvalidError: ``lease`` has no owner, or a bad duration (before any I/O).
-            LeaseLostError: the lease is not held at that counter any more; nothing changed.
-            LeaseStoreError: the store is missing or unreachable.
-        """
-        _validate_lease(lease, "renew")
-        duration_ms = duration_to_ms(duration_s) if duration_s is not None else max(1, lease.duration_ms)
-        return self._holder_write(
-            lease, "renew", {DURATION_MS: duration_ms, EXPIRY: self._wall_expiry_ms(duration_ms)}
-        )
-
-    def checkpoint(self, lease: Lease, sequence_number: str, *, sub_sequence: int | None = None) -> Lease:
-        """Record the last acknowledged sequence number (or ``SHARD_END``); counter +1.
-
-        A checkpoint also renews the lease (its counter changes).
-
-        Args:
-            lease: the latest Lease the holder got from this store.
-            sequence_number: decimal sequence number (any length, e.g. 56 digits; stored as
-                a string) or ``SHARD_END``.
-            sub_sequence: sub-sequence number inside a KPL aggregate; None removes it.
-
-        Returns:
-            The new Lease.
-
-        Raises:
-            InvalidError: ``lease`` has no owner, or the checkpoint is neither a decimal
-                sequence number nor ``SHARD_END`` (before any I/O).
-            LeaseLostError: the lease is not held at that counter any more; nothing changed.
-            LeaseStoreError: the store is missing or unreachable.
-        """
-        _validate_lease(lease, "checkpoint")
-        validate_checkpoint(sequence_number, sub_sequence)
-        duration_ms = max(1, lease.duration_ms)
-        fields: dict[str, Any] = {CHECKPOINT: sequence_number, EXPIRY: self._wall_expiry_ms(duration_ms)}
-        remove: tuple[str, ...] = ()
-        if sub_sequence is None:
-            remove = (SUB_SEQUENCE,)
-        else:
-            fields[SUB_SEQUENCE] = int(sub_sequence)
-        return self._holder_write(lease, "checkpoint", fields, remove)
-
-    def set_start_position(self, lease: Lease, position: str) -> Lease:
-        """Record where the shard opens and remove its checkpoint (first open, or a seek).
-
-        Args:
-            lease: the latest Lease the holder got from this store.
-            position: a serialised start position (opaque, non-empty string).
-
-        Returns:
-            The new Lease (counter +1, ``checkpoint`` and ``checkpoint_sub_sequence`` removed).
-
-        Raises:
-            InvalidError: ``lease`` has no owner, or ``position`` is empty (before any I/O).
-            LeaseLostError: the lease is not held at that counter any more; nothing changed.
-            LeaseStoreError: the store is missing or unreachable.
-        """
-        _validate_lease(lease, "set_start_position")
-        if not isinstance(position, str) or not position.strip():
-            raise InvalidError(f"position must be a non-empty string, got {position!r}")
-        duration_ms = max(1, lease.duration_ms)
-        return self._holder_write(
-            lease,
-            "set_start_position",
-            {START_POSITION: position, EXPIRY: self._wall_expiry_ms(duration_ms)},
-            (CHECKPOINT, SUB_SEQUENCE),
-        )
-
-    def release(self, lease: Lease) -> Lease:
-        """Clear the owner and keep the checkpoint; the counter rises by one.
-
-        Raising the counter fences any zombie writer of the old holder even if the same
-        owner takes the row again.
-
-        Args:
-            lease: the latest Lease the holder got from this store.
-
-        Returns:
-            The new, free Lease (``owner`` None).
-
-        Raises:
-            InvalidError: ``lease`` has no owner (before any I/O).
-            LeaseLostError: the lease is not held at that counter any more; nothing changed.
-            LeaseStoreError: the store is missing or unreachable.
-        """
-        _validate_lease(lease, "release")
-        new = self._holder_write(lease, "release", {EXPIRY: int(self._wall_clock() * 1000)}, (OWNER,))
-        logger.debug("lease %s released by %s", lease.key, lease.owner)
-        return new
-
-    def request_handoff(self, stream: str, shard_id: str, *, owner: str, expect_counter: int) -> bool:
-        """Ask the holder for a graceful handoff: set ``lease_next_owner`` to ``owner``.
-
-        Conditional on the counter only (whoever holds the row); the counter does NOT
-        change, so the holder is not fenced and the lease does not look renewed. The
-        holder sees the request in the Lease returned by its next renew or checkpoint;
-        a later take clears it.
-
-        Args:
-            stream: stream name.
-            shard_id: shard id.
-            owner: owner id asking for the lease.
-            expect_counter: the counter the asker saw.
-
-        Returns:
-            True if the request was written; False if the row is missing or its counter moved.
-
-        Raises:
-            InvalidError: empty names or owner, or a non-integer counter (before any I/O).
-            LeaseStoreError: the store is missing or unreachable.
-        """
-        validate_names(stream, shard_id, owner)
-        if isinstance(expect_counter, bool) or not isinstance(expect_counter, int):
-            raise InvalidError(f"expect_counter must be an int, got {expect_counter!r}")
-        key = lease_key(stream, shard_id)
-        new = self._update(key, None, expect_counter, {NEXT_OWNER: owner}, (), check_owner=False)
-        if new is None:
-            return False
-        self._note(new)
-        return True
-
-    def withdraw_handoff(self, stream: str, shard_id: str, *, owner: str) -> bool:
-        """Take back ``owner``'s handoff request (a closing instance): clear ``lease_next_owner``
-        if it still names ``owner``. Conditional on the counter read, like the request.
-
-        Returns:
-            True if the row no longer names ``owner`` as next owner (cleared now, or already
-            gone); False if the row changed meanwhile (read it again: it may be ours now).
-
-        Raises:
-            InvalidError: empty names or owner (before any I/O).
-            LeaseStoreError: the store is missing or unreachable.
-        """
-        validate_names(stream, shard_id, owner)
-        key = lease_key(stream, shard_id)
-        row = self._read(key)
-        if row is None or row.get(NEXT_OWNER) != owner:
-            return True
-        new = self._update(key, None, int(row[COUNTER]), {}, (NEXT_OWNER,), check_owner=False)
-        if new is None:
-            return False
-        self._note(new)
-        return True
-
-    def hand_over(self, lease: Lease, *, to: str | None = None) -> Lease:
-        """The holder gives its lease to another owner in one fenced write (graceful handoff).
-
-        The owner becomes ``to`` (default: ``lease.next_owner``, the instance that asked),
-        the counter rises by one, ``lease_next_owner`` is cleared and the checkpoint is
-        kept. The row is never free in between, so no third instance can take it; the
-        new owner re-takes its own row at once and resumes after the checkpoint.
-
-        Args:
-            lease: the latest Lease the holder got from this store.
-            to: owner id of the receiver; default ``lease.next_owner``.
-
-        Returns:
-            The new Lease (owned by ``to``).
-
-        Raises:
-            InvalidError: ``lease`` has no owner, or there is no receiver other than the
-                holder (before any I/O).
-            LeaseLostError: the lease is not held at that counter any more; nothing changed.
-            LeaseStoreError: the store is missing or unreachable.
-        """
-        _validate_lease(lease, "hand_over")
-        receiver = to if to is not None else lease.next_owner
-        if not isinstance(receiver, str) or not receiver.strip() or receiver == lease.owner:
-            raise InvalidError(f"hand_over of {lease.key!r} needs a receiver other than {lease.owner!r}, "
-                               f"got {receiver!r}")
-        duration_ms = max(1, lease.duration_ms)
-        new = self._holder_write(
-            lease, "hand_over", {OWNER: receiver, EXPIRY: self._wall_expiry_ms(duration_ms)}, (NEXT_OWNER,)
-        )
-        logger.info("lease %s handed over by %s to %s", lease.key, lease.owner, receiver)
-        return new
-
-    def force_handoff(self, stream: str, shard_id: str, *, owner: str, duration_s: float) -> Lease | None:
-        """Take a lease whose holder did not honour ``owner``'s handoff request in time.
-
-        Succeeds only while the row still names ``owner`` as ``lease_next_owner`` (a
-        later take or hand-over clears it); conditional on the owner and counter read,
-        so it fences the holder exactly like taking an expired lease (its batch in
-        flight is then not checkpointed and will be delivered again).
-
-        Args:
-            stream: stream name.
-            shard_id: shard id.
-            owner: owner id that requested the handoff.
-            duration_s: lease duration of the new holder, seconds.
-
-        Returns:
-            The new Lease, or None when the request is gone or the row changed meanwhile.
-
-        Raises:
-            InvalidError: empty names or owner, or a bad duration (before any I/O).
-            LeaseStoreError: the store is missing or unreachable.
-        """
-        validate_names(stream, shard_id, owner)
-        duration_ms = duration_to_ms(duration_s)
-        key = lease_key(stream, shard_id)
-        row = self._read(key)
-        if row is None or row.get(NEXT_OWNER) != owner or not is_shard_row(row):
-            return None
-        self._note(row)
-        holder, counter = row.get(OWNER), int(row[COUNTER])
-        new = self._update(
-            key,
-            holder,
-            counter,
-            {OWNER: owner, COUNTER: counter + 1, WRITE_TOKEN: uuid.uuid4().hex[:16], DURATION_MS: duration_ms,
-             EXPIRY: self._wall_expiry_ms(duration_ms)},
-            (NEXT_OWNER,),
-        )
-        if new is None:
-            return None
-        self._note(new)
-        logger.warning("lease %s taken by %s from %s: the handoff was not honoured in time", key, owner, holder)
-        return row_to_lease(new)
+        return fields, remove
 
     def get(self, stream: str, shard_id: str) -> Lease | None:
         """The shard's row (strongly consistent read), or None if there is none.

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import LeaseStoreError, translate_aws_error
 
-__all__ = ["scan_lease_rows", "add_lag", "print_lease_table"]
+__all__ = ["scan_lease_rows", "scan_kcl_rows", "add_lag", "print_lease_table"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,60 @@ def scan_lease_rows(dynamodb: Any, table: str, stream: str | None = None) -> lis
         LeaseStoreError: the table is missing or unreachable (the message names it).
     """
     rows: list[dict[str, Any]] = []
+    for item in _scan_pages(dynamodb, table):
+        row = {k: next(iter(v.values())) for k, v in item.items()}
+        key = str(row.get("lease_key", ""))
+        if "#" in key or ":" not in key:
+            continue  # presence rows and anything that is not a shard's lease
+        row_stream, shard_id = key.split(":", 1)
+        if stream is not None and row_stream != stream:
+            continue
+        rows.append({
+            "stream": row_stream,
+            "shard_id": shard_id,
+            "owner": row.get("lease_owner"),
+            "counter": int(row.get("lease_counter", 0)),
+            "checkpoint": row.get("checkpoint"),
+            "expiry_ms": int(row["lease_expiry"]) if row.get("lease_expiry") is not None else None,
+        })  # fmt: skip
+    rows.sort(key=lambda r: (r["stream"], r["shard_id"]))
+    return rows
+
+
+def scan_kcl_rows(dynamodb: Any, table: str, stream: str | None = None) -> list[dict[str, Any]]:
+    """Every lease row of a KCL 2.x/3.x lease table (consistent ``Scan``), as :func:`scan_lease_rows` returns rows.
+
+    Args:
+        dynamodb: a boto3 DynamoDB client.
+        table: the KCL application's lease table.
+        stream: a multi-stream table: only this stream's rows; a single-stream table (which
+            does not record its stream): the stream its rows belong to (shown, and used for
+            the lag); None: every row, a single-stream table's with stream None.
+
+    Returns:
+        Dicts sorted by (stream, shard id), as :func:`scan_lease_rows`; ``owner`` is KCL's
+        holder (``checkpointOwner`` during a KCL 3.x handoff), ``checkpoint`` shows a KPL
+        sub-sequence as ``<seq>.<sub>``, ``expiry_ms`` is None (KCL rows record none).
+        KCL 3.x worker-metrics and coordinator-state entities are skipped.
+
+    Raises:
+        LeaseStoreError: the table is missing or unreachable (the message names it).
+    """
+    from .dynamodb import _from_item
+    from .kcl_rows import view_row
+
+    rows: list[dict[str, Any]] = []
+    for item in _scan_pages(dynamodb, table):
+        row = view_row(_from_item(item), stream)
+        if row is None or (stream is not None and row["stream"] != stream):
+            continue
+        rows.append(row)
+    rows.sort(key=lambda r: (r["stream"] or "", r["shard_id"]))
+    return rows
+
+
+def _scan_pages(dynamodb: Any, table: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
     kwargs: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
     while True:
         try:
@@ -47,27 +101,10 @@ def scan_lease_rows(dynamodb: Any, table: str, stream: str | None = None) -> lis
             message = f"lease table {table!r} does not exist" if err.aws_code == "ResourceNotFoundException" \
                 else f"lease table {table!r}: {err}"
             raise LeaseStoreError(message, aws_code=err.aws_code) from e
-        for item in page.get("Items", []):
-            row = {k: next(iter(v.values())) for k, v in item.items()}
-            key = str(row.get("lease_key", ""))
-            if "#" in key or ":" not in key:
-                continue  # presence rows and anything that is not a shard's lease
-            row_stream, shard_id = key.split(":", 1)
-            if stream is not None and row_stream != stream:
-                continue
-            rows.append({
-                "stream": row_stream,
-                "shard_id": shard_id,
-                "owner": row.get("lease_owner"),
-                "counter": int(row.get("lease_counter", 0)),
-                "checkpoint": row.get("checkpoint"),
-                "expiry_ms": int(row["lease_expiry"]) if row.get("lease_expiry") is not None else None,
-            })  # fmt: skip
+        items.extend(page.get("Items", []))
         if "LastEvaluatedKey" not in page:
-            break
+            return items
         kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-    rows.sort(key=lambda r: (r["stream"], r["shard_id"]))
-    return rows
 
 
 def add_lag(kinesis: Any, rows: Sequence[dict[str, Any]]) -> None:

@@ -18,16 +18,14 @@ Choose ``window_s`` with that in mind (a few seconds suits files such as Parquet
 
 ``batch_format``: what crosses the object store from each reader to the sink actor.
 
-* ``"records"``: the list of :class:`~kinesis_actors.records.Record` objects, pickled
-  one by one (a per-record object header plus the payload copied into the pickle);
-  the sink converts them to Arrow.
-* ``"pyarrow"``: the reader converts its batch to one ``pyarrow.Table`` (schema
-  :data:`~kinesis_actors.arrow.RECORD_SCHEMA`) before the call. Arrow buffers are
-  serialised without per-record pickling and a large table is passed through shared
-  memory zero-copy, so this is the cheaper format: ``python -m bench.sink_formats``
-  measured 2.5-17x less time per hop for batches of 1,000-10,000 records of 100 B-1 KB
-  on a 2-core VM. It also moves the conversion's CPU cost from the one sink actor to
-  the readers.
+* ``"records"``: the reader's :class:`~kinesis_actors.batch.RecordBatch` as it is (one
+  compact object of contiguous buffers, not one pickled object per record); the sink
+  turns it into Arrow with ``batch.to_arrow()``, which wraps the payload buffer without
+  copying it.
+* ``"pyarrow"``: the reader makes the ``pyarrow.Table`` (schema
+  :data:`~kinesis_actors.arrow.RECORD_SCHEMA`, the same builder as ``read_kinesis``'s
+  blocks) before the call, moving that small conversion from the one sink actor to
+  the readers; Arrow buffers are serialised without per-record pickling.
 
 Example::
 
@@ -61,11 +59,14 @@ _ACTOR_OPTION_KEYS = frozenset({"num_cpus", "memory", "resources", "scheduling_s
 
 
 def _as_table(batch: Any) -> Any:
-    """A batch (a pyarrow Table, or a sequence of Records) as a pyarrow Table."""
+    """A batch (a pyarrow Table or RecordBatch, a :class:`~kinesis_actors.batch.RecordBatch`,
+    or a sequence of Records) as a pyarrow Table."""
     import pyarrow as pa
 
     if isinstance(batch, pa.Table):
         return batch
+    if isinstance(batch, pa.RecordBatch):
+        return pa.Table.from_batches([batch])
     from ..arrow import records_to_table
 
     return records_to_table(batch)
@@ -259,8 +260,8 @@ class DatasetSink:
         window_s: a window closes this many seconds after its first batch (5.0).
         window_records: ... or once it holds this many records (100,000).
         window_bytes: ... or this many bytes, Arrow size of its batches (64 MiB).
-        batch_format: ``"records"`` (default) or ``"pyarrow"``, the cheaper one through the
-            object store (see the module docstring).
+        batch_format: ``"records"`` (default: the reader's compact batch) or ``"pyarrow"``
+            (an Arrow table made in the reader); see the module docstring.
         actor_options: Ray options for the sink actor (``num_cpus`` default 0,
             ``resources``, ``scheduling_strategy``, ``runtime_env``, ``name``...).
 

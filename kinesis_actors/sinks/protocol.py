@@ -11,6 +11,7 @@ processes, so they are picklable values: a Ray actor handle and a method name
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,8 +32,14 @@ class Sink(Protocol):
 
 
 class ActorSink:
-    """A Ray actor as a sink: ``deliver(records)`` is ``handle.<method>.remote(records)``, an
-    ``ObjectRef`` the reader awaits (Ray pickles the records into the object store).
+    """A Ray actor as a sink: ``deliver(records)`` calls ``handle.<method>.remote(records)``
+    and awaits its ``ObjectRef`` (Ray pickles the records into the object store).
+
+    Cancelling the wait cancels the actor call (``ray.cancel``, not forced): a reader that
+    stops or loses its lease leaves no batch behind. Ray drops a call the actor has not
+    started, and cancels a running call of an async actor (the pull queue: the batch
+    leaves it and never reaches the driver); a call already running in a sync actor runs
+    to its end, and its result is ignored (the next owner delivers the batch again).
 
     Args:
         handle: a Ray actor handle.
@@ -44,11 +51,22 @@ class ActorSink:
         self.method = method
 
     def deliver(self, records: Sequence[Record]) -> Awaitable[Any]:
-        result: Awaitable[Any] = getattr(self.handle, self.method).remote(records)
-        return result
+        """Start ``handle.<method>.remote(records)``; the awaitable ends with its result."""
+        return _until_done_or_cancelled(getattr(self.handle, self.method).remote(records))
 
     def __repr__(self) -> str:
         return f"ActorSink({self.handle!r}, {self.method!r})"
+
+
+async def _until_done_or_cancelled(ref: Any) -> Any:
+    """Await ``ref`` (a Ray ``ObjectRef``); when this wait is cancelled, cancel the task too."""
+    try:
+        return await ref
+    except asyncio.CancelledError:
+        import ray
+
+        ray.cancel(ref)  # asynchronous, never raises for a finished or unknown task
+        raise
 
 
 def as_sink(target: Any, method: str = "process_batch") -> Sink:

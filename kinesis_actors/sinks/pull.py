@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidError, PartialBatchError
@@ -37,8 +38,8 @@ class PullQueueCore:
     """
 
     def __init__(self) -> None:
-        self._waiting: collections.deque[tuple[int, list[Record], asyncio.Future[None]]] = collections.deque()
-        self._current: tuple[int, list[Record], asyncio.Future[None]] | None = None
+        self._waiting: collections.deque[tuple[int, Sequence[Record], asyncio.Future[None]]] = collections.deque()
+        self._current: tuple[int, Sequence[Record], asyncio.Future[None]] | None = None
         # shard id -> {(first and last position, length): future} of the queued rests of a
         # partly acknowledged batch that its reader has not asked for yet
         self._rests: dict[str, dict[tuple[Any, ...], asyncio.Future[None]]] = {}
@@ -51,27 +52,39 @@ class PullQueueCore:
             self._changed = asyncio.Event()
         return self._changed
 
-    async def process_batch(self, records: list[Record]) -> None:
-        """Called by a reader: queue ``records`` (one shard's batch) and return once the driver
-        acknowledges it (``next`` or ``ack``); a reader that stops cancels its wait.
+    async def process_batch(self, records: Sequence[Record]) -> None:
+        """Called by a reader: queue ``records`` (one shard's batch: a compact
+        :class:`~kinesis_actors.batch.RecordBatch`, passed on as it is) and return once the driver
+        acknowledges it (``next`` or ``ack``).
+
+        A reader that stops or loses its lease cancels the call (``ray.cancel``, through
+        :class:`~kinesis_actors.sinks.ActorSink`); Ray then cancels this coroutine, and the
+        batch leaves the queue: ``next`` never hands it to the driver. One the driver
+        already holds stays its current batch (acknowledging it then changes nothing).
 
         The rest of a batch the driver acknowledged in part is already queued (at the front):
         a call with exactly those records waits on it instead of queueing them again.
 
         Raises:
             PartialBatchError: the driver acknowledged records ``[0, failed_from)`` only.
+            asyncio.CancelledError: the call was cancelled.
         """
-        if records:
+        if len(records):
             rests = self._rests.get(records[0].shard_id, {})
             rest = rests.pop(_shape(records), None)
             if rest is not None:
                 await rest
                 return
             rests.clear()  # the reader moved on: rests it never asked for are stale
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((next(self._ids), records, future))
+        entry = (next(self._ids), records, asyncio.get_running_loop().create_future())
+        self._waiting.append(entry)
         self._event().set()
-        await future
+        try:
+            await entry[2]
+        except asyncio.CancelledError:
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+            raise
 
     def ack(self, upto: int | None = None) -> bool:
         """Acknowledge the batch the driver holds (``upto``: only its records ``[0, upto)``).
@@ -109,7 +122,7 @@ class PullQueueCore:
         self._event().set()
         return True
 
-    async def next(self, timeout_s: float, ack_previous: bool = True) -> list[Record] | None:
+    async def next(self, timeout_s: float, ack_previous: bool = True) -> Sequence[Record] | None:
         """Called by the driver: acknowledge the batch handed out before (if ``ack_previous``),
         then return the next batch, or None after ``timeout_s`` seconds.
 
@@ -125,7 +138,7 @@ class PullQueueCore:
                 raise self._error
             while self._waiting:
                 batch_id, records, future = self._waiting.popleft()
-                if future.done():  # its reader gave up on it (stopped or lost its lease)
+                if future.done():  # its call was cancelled (the reader stopped or lost its lease)
                     continue
                 self._current = (batch_id, records, future)
                 return records
@@ -159,7 +172,7 @@ def _retrieve(future: asyncio.Future[None]) -> None:
         future.exception()
 
 
-def _shape(records: list[Record]) -> tuple[Any, ...]:
+def _shape(records: Sequence[Record]) -> tuple[Any, ...]:
     """What identifies a shard's batch: its first and last positions and its length."""
     return records[0].position, records[-1].position, len(records)
 

@@ -40,7 +40,16 @@ def main() -> int:
 
     import ray
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    for attempt in (1, 2, 3):  # a loaded 2-core machine sometimes times Ray's start out (its raylet's 30 s)
+        try:
+            ray.init(address="local", num_cpus=1, include_dashboard=False, configure_logging=False,
+                     log_to_driver=False)
+            break
+        except Exception as e:
+            if attempt == 3:
+                raise
+            print(f"ray.init failed ({e!r:.120}); retrying", file=sys.stderr, flush=True)
+            ray.shutdown()
     from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream, StartAt
     from kinesis_actors.testing import FaultInjector, with_faults
 

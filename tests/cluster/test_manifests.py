@@ -8,6 +8,7 @@ import copy
 import functools
 import json
 import pathlib
+import re
 import sys
 from typing import Any
 
@@ -21,10 +22,67 @@ CLUSTER = REPO / "cluster"
 RAYJOB_SCHEMA = pathlib.Path(__file__).resolve().parent / "kuberay_rayjob_v1.schema.json"
 KUBERAY_SCHEMAS = REPO.parent / "shared" / "schemas" / "kuberay"
 
-KINESIS_ACTIONS = {"kinesis:DescribeStreamSummary", "kinesis:ListShards", "kinesis:GetShardIterator",
-                   "kinesis:GetRecords", "kinesis:PutRecord", "kinesis:PutRecords"}
-DYNAMODB_ACTIONS = {"dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
-                    "dynamodb:DeleteItem", "dynamodb:Scan"}
+PACKAGE = REPO / "kinesis_actors"
+# What a job such as cluster/pipeline.py runs: the library, not its tools (the emulator, the demo, the
+# console commands, the test kit). Enhanced fan-out lives in fanout.py alone.
+NOT_ON_THE_JOB_PATH = ("emulator/", "demo/", "cli.py", "console.py", "testing.py")
+FANOUT_MODULE = "fanout.py"
+# Operations in the library that the policy leaves out on purpose, each behind an explicit opt-in the
+# pipeline does not make (cluster/README.md says how to add them).
+OPT_IN = {
+    "kinesis:CreateStream": "KinesisStream(create_if_missing=N)",
+    "dynamodb:CreateTable": "DynamoLeaseStore(create_if_missing=True), --create-lease-table",
+    "kinesis:DeregisterStreamConsumer": "KinesisBroker.deregister_stream_consumer, an explicit call",
+}
+FANOUT_STATEMENTS = ("EnhancedFanOutRegister", "EnhancedFanOutConsumer")
+
+
+@functools.cache
+def aws_operations() -> dict[str, tuple[str, str]]:
+    """Every Kinesis and DynamoDB operation, by boto3 method name and by API name -> (service, API name)."""
+    import botocore.session
+    from botocore import xform_name
+
+    session = botocore.session.get_session()
+    ops: dict[str, tuple[str, str]] = {}
+    for service in ("kinesis", "dynamodb"):
+        for op in session.get_service_model(service).operation_names:
+            ops[xform_name(op)] = ops[op] = (service, op)
+    return ops
+
+
+def operations_called(*, fanout: bool) -> dict[str, set[str]]:
+    """IAM actions of the AWS operations the library's source calls on a job's path: boto3 client
+    methods (``client.get_records(...)``) and operation names given to botocore as strings
+    (``"SubscribeToShard"``, signed and sent by fanout.py) -> the modules that call them."""
+    import ast
+
+    ops = aws_operations()
+    found: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith(NOT_ON_THE_JOB_PATH) or (rel == FANOUT_MODULE and not fanout):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = None
+            if isinstance(node, ast.Attribute) and node.attr in ops and not node.attr[0].isupper():
+                name = node.attr
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value[:1].isupper():
+                name = node.value if node.value in ops else None
+            if name is not None:
+                service, op = ops[name]
+                found.setdefault(f"{service}:{op}", set()).add(rel)
+    return found
+
+
+def policy_actions(*, fanout: bool) -> set[str]:
+    policy = json.loads((CLUSTER / "iam" / "kinesis-actors-policy.json").read_text())
+    actions: set[str] = set()
+    for statement in policy["Statement"]:
+        if statement.get("Sid") in FANOUT_STATEMENTS and not fanout:
+            continue
+        actions |= {statement["Action"]} if isinstance(statement["Action"], str) else set(statement["Action"])
+    return actions
 
 
 def strict(schema: Any) -> Any:
@@ -98,6 +156,8 @@ def test_the_rayjob_runs_the_pipeline_with_irsa_and_no_keys() -> None:
     assert "pipeline.py" in spec["entrypoint"]
     env = yaml.safe_load(spec["runtimeEnvYAML"])["env_vars"]
     assert {"KA_STREAM", "KA_LEASE_TABLE", "KA_SINK"} <= set(env) and int(env["RAY_JOB_STOP_WAIT_TIME_S"]) > 3
+    # a lost head node fails the job: KubeRay retries it, and the retry takes its own rows back at once
+    assert spec["backoffLimit"] >= 1 and env["KA_OWNER_ID"]
     cluster = spec["rayClusterSpec"]
     templates = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
     assert {t["spec"]["serviceAccountName"] for t in templates} == {"kinesis-actors"}
@@ -150,7 +210,8 @@ def test_the_iam_policy_is_least_privilege() -> None:
         stmt_actions = {statement["Action"]} if isinstance(statement["Action"], str) else set(statement["Action"])
         resources = [statement["Resource"]] if isinstance(statement["Resource"], str) else statement["Resource"]
         assert all("*" not in a for a in stmt_actions), "no wildcard actions"
-        assert all("*" not in r for r in resources), "no wildcard resources"
+        # a consumer ARN ends in its creation timestamp, unknown before it is registered: ":*" there only
+        assert all("*" not in re.sub(r"/consumer/[\w.-]+:\*$", "", r) for r in resources), "no wildcard resources"
         services = {a.split(":")[0] for a in stmt_actions}
         assert len(services) == 1
         if services == {"kinesis"}:
@@ -159,7 +220,27 @@ def test_the_iam_policy_is_least_privilege() -> None:
             assert services == {"dynamodb"}
             assert all(r.startswith("arn:aws:dynamodb:") and ":table/" in r for r in resources)
         actions |= stmt_actions
-    assert actions == KINESIS_ACTIONS | DYNAMODB_ACTIONS
+        if statement.get("Sid") == "EnhancedFanOutConsumer":  # scoped to the one consumer, not the stream
+            assert all(r.endswith(":stream/orders/consumer/orders-app:*") for r in resources), resources
+    assert actions == policy_actions(fanout=True)
+
+
+@pytest.mark.parametrize("fanout", [False, True], ids=["polling", "fanout"])
+def test_the_policy_allows_exactly_the_calls_of_each_mode(fanout: bool) -> None:
+    called = operations_called(fanout=fanout)
+    assert set(OPT_IN) <= set(operations_called(fanout=True)), "an opt-in operation no longer in the code"
+    needed = set(called) - set(OPT_IN)
+    allowed = policy_actions(fanout=fanout)
+    missing = {a: sorted(called[a]) for a in needed - allowed}
+    assert not missing, f"called by the library but not allowed by the policy: {missing}"
+    assert allowed <= needed, f"allowed but never called (not least privilege): {sorted(allowed - needed)}"
+    assert ("kinesis:SubscribeToShard" in needed) is fanout
+
+
+def test_the_call_collection_sees_both_ways_of_calling_aws() -> None:
+    called = operations_called(fanout=True)
+    assert "leases/dynamodb.py" in called["dynamodb:UpdateItem"]  # a boto3 client method
+    assert "fanout.py" in called["kinesis:SubscribeToShard"]  # an operation name signed by botocore
 
 
 def test_the_pipeline_reads_flags_over_environment() -> None:
@@ -180,4 +261,9 @@ def test_the_pipeline_reads_flags_over_environment() -> None:
     with pytest.raises(SystemExit):
         pipeline.parse_args(["--sink", "csv:/x"], env)
     assert pipeline.start_position("trim_horizon").kind == "TRIM_HORIZON"
+    assert pipeline.stream_config(cfg).retrieval == "polling"
+    fan = pipeline.parse_args(["--fanout", "orders-app"], env)
+    assert fan.fanout == "orders-app" and pipeline.parse_args([], {**env, "KA_FANOUT": "a"}).fanout == "a"
+    stream = pipeline.stream_config(fan)
+    assert (stream.retrieval, stream.consumer_name) == ("fanout", "orders-app")
     assert pipeline.start_position("2024-01-01T00:00:00").timestamp_ms == 1704067200000

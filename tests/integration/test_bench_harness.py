@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.bench_harness
 @pytest.mark.timeout(900)
 def test_bench_quick_writes_valid_json(tmp_path: Path) -> None:
     out = tmp_path / "results.json"

@@ -27,6 +27,7 @@ def kclrs_venv() -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.bench_harness
 @pytest.mark.timeout(600)
 def test_bench_peer_kcl_rs_quick(kclrs_venv: Path, tmp_path: Path) -> None:
     out = tmp_path / "results.json"

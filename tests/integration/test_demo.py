@@ -278,7 +278,8 @@ def test_the_readme_example_file_runs_and_ends_on_its_own() -> None:
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"^read 10 of 10 records; leases held: 2$", proc.stdout, re.MULTILINE), proc.stdout
-    assert len(re.findall(r"^shardId-\d{12}  seq \d+  key customer-\d  order \d$", proc.stdout, re.MULTILINE)) == 10
+    lines = re.findall(r"^(shardId-\d{12})  seq \d+  key customer-\d  order \d$", proc.stdout, re.MULTILINE)
+    assert len(lines) == 10 and len(set(lines)) == 2, f"the ten keys reach both shards: {proc.stdout}"
 
 
 @demo_timeout
@@ -315,6 +316,11 @@ def test_demo_keep_leaves_the_emulator_up_and_prints_a_leases_command_that_works
                 command = [m.group(1), *m.group(2).split()]
         assert command is not None, "no leases command printed"
         assert demo.poll() is None, "the demo waits (the emulator stays up)"
+        import psutil
+
+        ray_procs = [p.name() for p in psutil.Process(demo.pid).children(recursive=True)
+                     if p.name() in ("raylet", "gcs_server") and p.status() != psutil.STATUS_ZOMBIE]
+        assert not ray_procs, f"--keep stopped Ray before waiting: {ray_procs}"
         shown = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
         assert shown.returncode == 0, shown.stderr
         rows = _lease_rows(shown.stdout)
@@ -340,4 +346,4 @@ def test_leases_of_a_stream_with_no_rows_says_so_and_fails(endpoint: str, unique
     store.take("orders", "shardId-000000000000", owner="a", duration_s=30.0)
     proc, _ = run_cli("leases", "--table", table, "--stream", "nope", "--endpoint", endpoint, deadline_s=60)
     _assert_one_line_error(proc)
-    assert f"lease table {table!r} has no rows of stream 'nope'" in proc.stderr
+    assert f"lease table {table!r} has no rows of stream 'nope'; it holds the stream(s) orders" in proc.stderr

@@ -9,12 +9,14 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
 
 from kinesis_actors.broker import KinesisBroker
 from kinesis_actors.config import KinesisStream
+from kinesis_actors.reader import kinesis_call_timeout_s
 from kinesis_actors.records import StartAt
 from kinesis_actors.testing import Fault, FaultInjector, kpl_aggregate, with_faults
 
@@ -196,3 +198,78 @@ def test_kpl_aggregate_crash_after_part_of_it_was_acknowledged_resumes_inside_it
     plain_bad = [r for r in rest if r.sequence_number == seqs["bad"]]
     assert len(plain_bad) == 1 and plain_bad[0].data == bad and plain_bad[0].sub_sequence_number is None
     sub2.close()
+
+
+def put_to_shard(client: Any, stream: str, shard: dict[str, Any], phase: str, n: int) -> list[bytes]:
+    """``n`` records ``b"<phase>-<shard id>-<i>"`` into one shard (its first hash key), in one call."""
+    payloads = [f"{phase}-{shard['ShardId']}-{i}".encode() for i in range(n)]
+    client.put_records(StreamName=stream, Records=[
+        {"Data": p, "PartitionKey": "k", "ExplicitHashKey": shard["HashKeyRange"]["StartingHashKey"]}
+        for p in payloads])
+    return payloads
+
+
+def test_shards_stuck_in_get_records_while_the_lease_table_is_slow_do_not_hold_up_their_neighbours(
+    endpoint: str, table: str, unique: str, faults: FaultInjector
+) -> None:
+    """Issue 21 part 1: every UpdateItem takes 0.8 s (renewals slower than a third of the
+    renew interval) and 3 shards of one reader hang in GetRecords until their socket
+    timeout. The reader's other shards keep calling GetRecords while those calls hang
+    (a stuck call holds its own shard's slot only), and every record is delivered."""
+    stream = f"stuck-{unique}"
+    create_stream(endpoint, stream, 16)
+    client = kinesis_client(endpoint)
+    shards = {s["ShardId"]: s for s in client.list_shards(StreamName=stream)["Shards"]}
+    brokers = broker_factory(endpoint, endpoint, table,
+                             prepare=lambda broker: with_faults(broker, faults, lease_store=True))
+    make = next(brokers)
+    conn = make(owner_id="s", lease_duration_s=4.0, renew_interval_s=1.0)
+    sink = Collector.remote()
+    sub = conn.subscribe(KinesisStream(stream, start_at=StartAt.trim_horizon(), max_shards_per_reader=8,
+                                                   max_records=3, **POLL),
+                         sink=sink)
+    try:
+        warm = [p for shard in shards.values() for p in put_to_shard(client, stream, shard, "warm", 2)]
+        wait_until(lambda: set(ray.get(sink.payloads.remote())) >= set(warm), timeout_s=60, what="the first records")
+        where = {sid: (s["reader"], s["pid"]) for sid, s in sub.stats()["shards"].items()}
+        by_reader = collections.Counter(reader for reader, _ in where.values())
+        busiest, count = by_reader.most_common(1)[0]
+        assert count >= 5, f"shards per reader: {by_reader}"
+        on_busiest = sorted(sid for sid, (reader, _) in where.items() if reader == busiest)
+        stuck, neighbours = on_busiest[:3], on_busiest[3:]
+        pid = where[stuck[0]][1]
+        others = sorted(sid for sid, (reader, _) in where.items() if reader != busiest)
+
+        faults.set(Fault("UpdateItem", service="dynamodb", error=None, delay_s=0.8),
+                   Fault("GetRecords", error=None, shards=tuple(stuck), hang=True))
+        wait_until(lambda: all(r.get("kinesis_call_limit_cuts", 0) > 0 for r in sub.stats()["readers"]
+                               if r.get("shards")), timeout_s=30, what="renewals slow enough to cut the call limit")
+        wait_until(lambda: len({c.shard for c in faults.calls("GetRecords") if c.fault == "hang"}) == 3,
+                   timeout_s=30, what="a hung GetRecords on each stuck shard")
+        start = time.time()
+        sent = {sid: put_to_shard(client, stream, shards[sid], "late", 30) for sid in neighbours + others}
+        done: dict[str, float] = {}
+
+        def delivered() -> bool:
+            got = set(ray.get(sink.payloads.remote()))
+            done.update({sid: time.time() - start for sid, p in sent.items() if sid not in done and got >= set(p)})
+            return len(done) == len(sent)
+
+        wait_until(delivered, timeout_s=90, interval_s=0.2, what="the late records of every healthy shard")
+        end = time.time()
+        timeout_s = kinesis_call_timeout_s(4.0)  # how long each hung call waits
+        hangs = [(c.time, c.time + timeout_s) for c in faults.calls("GetRecords", since=start)
+                 if c.pid == pid and c.fault == "hang"]
+        calls = [c.time for c in faults.calls("GetRecords", since=start) if c.shard in neighbours and c.fault is None
+                 and c.time <= end]
+        beside = [t for t in calls if any(a + 0.05 < t < b - 0.1 for a, b in hangs)]
+        timings = {"neighbours": sorted(done[s] for s in neighbours), "others": sorted(done[s] for s in others)}
+        assert hangs and calls, (hangs, calls)
+        assert len(beside) >= max(3, len(calls) // 4), \
+            f"{len(beside)} of {len(calls)} neighbour GetRecords ran while a stuck call hung ({timings})"
+        stats = sub.stats()
+        assert stats["leases_lost"] == 0 and stats["readers_replaced"] == 0, stats
+    finally:
+        faults.clear()
+        sub.close()
+        next(brokers, None)

@@ -155,3 +155,13 @@ def test_converges_within_one_of_fair_and_then_stops(n_shards: int, owners: list
     minimum = sum(max(0, c - (fair + 1)) for c in [sum(1 for i in range(n_shards) if owners[i % len(owners)] == o)
                                                    for o in instances])
     assert moves <= minimum + len(instances), f"{moves} moves for a minimum of about {minimum}"
+
+
+def test_a_row_handed_over_to_us_does_not_hold_back_the_next_steal() -> None:
+    """Taking our own row (a handoff that landed) is not taking a free lease: the steal
+    pipeline goes on in the same poll, so planned moves do not wait a poll each."""
+    shards = [ShardState("s0", "me")] + [ShardState(f"s{i}", "v") for i in range(1, 8)]
+    plan = plan_leases("me", shards, live_instances=["me", "v"], max_leases_to_steal=1)
+    assert plan.take == ("s0",) and len(plan.steal) == 1 and plan.steal[0][1] == "v"
+    free = [ShardState("s0"), *shards[1:]]
+    assert plan_leases("me", free, live_instances=["me", "v"]).steal == (), "a free lease still comes first"

@@ -12,7 +12,7 @@ from typing import Any
 
 from kinesis_actors.config import KinesisStream
 from kinesis_actors.coordinator import CoordinatorCore
-from kinesis_actors.leases.protocol import Lease
+from kinesis_actors.leases.protocol import Lease, TableSnapshot
 from kinesis_actors.reader import ReaderIo, ShardReaderCore
 from kinesis_actors.records import StartAt
 from kinesis_actors.testing import FakeKinesis, InProcessLeaseStore, LocalReader
@@ -29,6 +29,10 @@ class BlindStore(InProcessLeaseStore):
 
     def checkpoint(self, lease: Lease, *args: Any, **kw: Any) -> Lease:
         return dataclasses.replace(super().checkpoint(lease, *args, **kw), next_owner=None)
+
+    def snapshot(self, stream: str) -> TableSnapshot:  # its Coordinator's lease poll does not see them either
+        seen = super().snapshot(stream)
+        return TableSnapshot([dataclasses.replace(lease, next_owner=None) for lease in seen.leases], seen.instances)
 
 
 def instance(owner: str, store: InProcessLeaseStore, kinesis: FakeKinesis, delivered: list[tuple[str, int]],

@@ -139,7 +139,7 @@ def test_bisect_isolates_several_bad_records_and_acknowledges_the_rest_in_order(
     assert all(d["error"].startswith("ValueError: poison") for d in letters(dlq))
     good = [r.data for r in batch if r.data not in poison]
     assert set(good) <= set(sink.acked) and not set(poison) & set(sink.acked)
-    assert result.dead_lettered == 3 and stats["dead_lettered"] == 3 and stats["bisected"] >= 3
+    assert result.dead_lettered == 3 and stats["dead_letter_records"] == 3 and stats["bisected"] >= 3
     assert all(key == SHARD for _, key in dlq.items)  # dead letters are keyed by the shard id
 
 
@@ -185,7 +185,7 @@ def test_old_records_go_to_the_dead_letters_without_delivery() -> None:
     docs = letters(dlq)
     assert [d["sequence_number"] for d in docs] == ["1000", "1002"]
     assert all(d["reason"] == "max_record_age" and d["error"] is None and d["attempts"] == 0 for d in docs)
-    assert acks == [1, 4] and result.dead_lettered == 2 and stats["dead_lettered"] == 2
+    assert acks == [1, 4] and result.dead_lettered == 2 and stats["dead_letter_records"] == 2
 
 
 def test_a_record_that_ages_during_retries_is_dead_lettered_before_the_next_attempt() -> None:

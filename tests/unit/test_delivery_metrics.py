@@ -42,7 +42,7 @@ def test_dead_lettered_filtered_bisected_partial_acks_and_batches_in_flight_are_
         metrics.reader_tick(spec, stats, force=True)
         tags = {"stream": "s", "shard_id": SHARD, "owner_id": "me"}
         assert recorder.counter("records_filtered", **tags) == 1
-        assert recorder.counter("records_dead_lettered", **tags) == 2  # r9 too old, r5 poison
+        assert recorder.counter("dead_letter_records", **tags) == 2  # r9 too old, r5 poison
         assert recorder.counter("dead_letter_failures", **tags) == 1
         assert recorder.counter("partial_acks", **tags) == 1
         assert recorder.counter("batches_bisected", **tags) >= 1

@@ -56,8 +56,8 @@ def test_frames_decode_with_botocore_and_payloads_become_records() -> None:
     buffer.add_data(frame)
     (message,) = list(buffer)
     event = parse_event_payload(message.payload)
-    assert event.records[0]["Data"] == b"x0" and event.continuation_sequence_number == "7"
-    assert event.child_shards == () and event.records[0]["ApproximateArrivalTimestamp"].year == 2026
+    assert event.records[0].data == b"x0" and event.continuation_sequence_number == "7"
+    assert event.child_shards == () and event.records[0].approximate_arrival_timestamp.year == 2026
 
 
 def test_subscription_is_renewed_before_five_minutes_from_the_last_continuation() -> None:
@@ -283,8 +283,8 @@ def test_a_full_byte_budget_drops_the_subscription_and_resubscribes_after_the_la
         while len(sink.seqs) < 4:
             await asyncio.sleep(0.01)
         budget.used += 1000  # another shard of this process holds the whole budget
-        await asyncio.sleep(1.5)
-        assert consumer.stats["budget_drops"] >= 1 and not shard.open_subscriptions, "dropped while full"
+        while consumer.stats["budget_drops"] < 1 or shard.open_subscriptions:  # dropped while full
+            await asyncio.sleep(0.01)
         shard.add(3)
         budget.release(1000)
         while len(sink.seqs) < 7:

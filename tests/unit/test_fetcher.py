@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kinesis_actors.backoff import THROTTLE_BACKOFF
 from kinesis_actors.errors import InvalidError, StreamError
 from kinesis_actors.kinesis import MIN_CALL_SPACING_S, ShardFetcher, backoff_s
 from kinesis_actors.records import StartAt
@@ -12,7 +13,7 @@ from kinesis_actors.testing import FakeClock, FakeShard, kpl_aggregate
 
 def fetcher(shard: FakeShard, clock: FakeClock, **kw: object) -> ShardFetcher:
     return ShardFetcher(shard, "s", "shardId-0", kw.pop("start", StartAt.trim_horizon()),  # type: ignore[arg-type]
-                        clock=clock, rng=lambda: 0.0, **kw)  # type: ignore[arg-type]
+                        clock=clock, rng=kw.pop("rng", lambda: 0.0), **kw)  # type: ignore[arg-type]
 
 
 def drive(f: ShardFetcher, clock: FakeClock, steps: int) -> list[object]:
@@ -81,18 +82,19 @@ def test_throttling_backs_off_exponentially_on_both_calls_and_resets_after_a_suc
     shard, clock = FakeShard(3), FakeClock()
     shard.iterator_faults.append("LimitExceededException")
     shard.faults += ["ProvisionedThroughputExceededException"] * 2
-    f = fetcher(shard, clock)
+    f = fetcher(shard, clock, rng=lambda: 0.5)
     waits = []
     for _ in range(5):
         clock.advance(f.due_in())
         f.step()
         waits.append(round(f.due_in(), 3))
     # GetShardIterator throttled (backoff 1), opened (no wait), GetRecords throttled twice
-    # (backoff 1, backoff 2), then records (the 0.2 s spacing only)
-    assert waits == [0.2, 0.0, 0.2, 0.4, 0.2], waits
+    # (backoff 1, backoff 2), then records (the 0.2 s spacing only); rng 0.5: mid-range waits
+    assert waits == [0.3, 0.0, 0.3, 0.5, 0.2], waits
     assert f.throttles == 3 and f.throttled_in_a_row == 0
-    assert [backoff_s(n, rng=lambda: 0.0) for n in (1, 2, 3, 10)] == [0.2, 0.4, 0.8, 5.0]
-    assert backoff_s(1, rng=lambda: 0.999) < 0.4
+    assert [backoff_s(n, rng=lambda: 0.0) for n in (1, 2, 10)] == [0.2, 0.2, 0.2], "never below the 0.2 s floor"
+    assert [backoff_s(n, rng=lambda: 1.0) for n in (1, 2, 3, 10)] == [0.4, 0.8, 1.6, 5.0], "doubling, capped"
+    assert [backoff_s(n, rng=lambda: 0.3) for n in (1, 4)] == [THROTTLE_BACKOFF.delay_s(n, rng=lambda: 0.3) for n in (1, 4)]
 
 
 def test_shard_end_by_a_null_iterator_or_by_the_ending_sequence_number() -> None:

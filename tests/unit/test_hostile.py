@@ -17,6 +17,7 @@ from botocore.exceptions import ClientError, ReadTimeoutError
 
 from kinesis_actors import kinesis as kinesis_module
 from kinesis_actors.aws import AwsSettings
+from kinesis_actors.backoff import Backoff
 from kinesis_actors.config import KinesisStream
 from kinesis_actors.coordinator import CoordinatorCore
 from kinesis_actors.errors import InvalidError, KinesisError
@@ -153,7 +154,7 @@ class FakeReader:
 
     async def ping(self) -> None: ...
 
-    async def add(self, spec: ReaderSpec, lease: Any) -> ShardEvent:
+    async def add(self, spec: ReaderSpec, lease: Any, *, lease_age_s: float | None = None) -> ShardEvent:
         self.launched[spec.shard_id] = (self, spec, lease)
         return ShardEvent(spec.shard_id, ConsumerState.PROCESSING.value)
 
@@ -177,6 +178,9 @@ class FakeReader:
 
     async def stats(self) -> dict[str, Any]:
         return {"shards": {}, "reader": {}}
+
+    async def request_handoff(self, shard_id: str, asker: str) -> bool:
+        return False
 
     def kill(self) -> None: ...
 
@@ -341,7 +345,8 @@ def test_every_call_times_out_within_the_lease(lease_s: float) -> None:
 
 
 # ----------------------------------------------------------------------------- control plane, KPL
-def test_limit_exceeded_on_list_shards_is_retried_within_the_deadline() -> None:
+def test_limit_exceeded_on_list_shards_is_retried_within_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kinesis_module, "CONTROL_PLANE_BACKOFF", Backoff(base_s=0.01, cap_s=0.05))
     class Throttled:
         def __init__(self, failures: int) -> None:
             self.failures, self.calls = failures, 0

@@ -70,7 +70,7 @@ def test_reader_tick_exports_deltas_at_most_every_interval(sink: RecordingSink) 
 
 
 def test_checkpoint_age_is_noted_in_stats_and_exported(sink: RecordingSink) -> None:
-    stats: dict[str, Any] = {"records": 0, "checkpoint": None}
+    stats: dict[str, Any] = {"records": 0, "checkpoint": "4"}
     metrics.reader_tick(SPEC, stats, now=50.0)
     assert stats["checkpoint_age_s"] == 0
     metrics.reader_tick(SPEC, stats, now=53.0)
@@ -80,6 +80,17 @@ def test_checkpoint_age_is_noted_in_stats_and_exported(sink: RecordingSink) -> N
     assert stats["checkpoint_age_s"] == 0
     metrics.reader_tick(SPEC, stats, now=55.5)
     assert stats["checkpoint_age_s"] == 1.5
+
+
+def test_a_shard_with_no_checkpoint_has_no_age_and_exports_none(sink: RecordingSink) -> None:
+    stats: dict[str, Any] = {"records": 0, "checkpoint": None}
+    metrics.reader_tick(SPEC, stats, now=10.0)
+    metrics.reader_tick(SPEC, stats, now=19.9, force=True)
+    assert stats["checkpoint_age_s"] is None, "an idle shard with no checkpoint must not look 9.9 s old"
+    assert sink.gauge("checkpoint_age_s", **TAGS) is None
+    stats["checkpoint"] = "1"
+    metrics.reader_tick(SPEC, stats, now=21.0, force=True)
+    assert stats["checkpoint_age_s"] == 0 and sink.gauge("checkpoint_age_s", **TAGS) == 0
 
 
 def test_restarted_figures_count_from_zero(sink: RecordingSink) -> None:
@@ -118,7 +129,7 @@ def test_a_failing_sink_never_reaches_the_caller() -> None:
 
 def test_without_ray_nothing_is_exported_but_stats_get_the_age() -> None:
     metrics.set_sink(None)
-    stats: dict[str, Any] = {"records": 1, "checkpoint": None}
+    stats: dict[str, Any] = {"records": 1, "checkpoint": "7"}
     metrics.reader_tick(types.SimpleNamespace(stream="x", shard_id="y", owner_id="z"), stats)
     assert stats["checkpoint_age_s"] >= 0
 

@@ -17,13 +17,13 @@ STREAM, SHARD = "s", "shardId-000000000000"
 
 def make_reader(shard: FakeShard, store: InProcessLeaseStore, deliver: Any, *, start_at: StartAt | None = None,
                 max_records: int = 100, lease_duration_s: float = 2.0, max_sink_retries: int = 2,
-                dead_letter: Any = None) -> ShardConsumer:
+                dead_letter: Any = None, clock: Any = time.monotonic) -> ShardConsumer:
     lease = store.take(STREAM, SHARD, owner="me", duration_s=lease_duration_s)
     assert lease is not None
     spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=start_at or StartAt.trim_horizon(),
                       lease_duration_s=lease_duration_s, renew_interval_s=0.2, max_records=max_records,
                       idle_wait_s=0.01, max_sink_retries=max_sink_retries, dead_letter=dead_letter)
-    return ShardConsumer(spec, lease, store, deliver, shard)
+    return ShardConsumer(spec, lease, store, deliver, shard, clock=clock)
 
 
 class Recorder:
@@ -257,8 +257,7 @@ def test_a_reader_resumed_after_a_pause_delivers_nothing_once_fenced() -> None:
     # not hand the batch it holds downstream.
     offset = [0.0]
     shard, store, sink = FakeShard(3), InProcessLeaseStore(clock=lambda: time.monotonic() + offset[0]), Recorder()
-    reader = make_reader(shard, store, sink, lease_duration_s=1.0)
-    reader._clock = lambda: time.monotonic() + offset[0]
+    reader = make_reader(shard, store, sink, lease_duration_s=1.0, clock=lambda: time.monotonic() + offset[0])
     get_records = shard.get_records
 
     def paused_get_records(**kw: Any) -> dict[str, Any]:
@@ -303,8 +302,7 @@ def test_lease_validity_counts_from_when_a_write_was_sent() -> None:
             return out
 
     shard, sink = FakeShard(1), Recorder()
-    reader = make_reader(shard, inner, sink, lease_duration_s=1.0)
-    reader._store = PausedAfterSend()
-    reader._clock = lambda: time.monotonic() + offset[0]
-    asyncio.run(reader._renew())
-    assert reader._lease_in_doubt()
+    reader = make_reader(shard, PausedAfterSend(), sink, lease_duration_s=1.0,  # type: ignore[arg-type]
+                         clock=lambda: time.monotonic() + offset[0])
+    asyncio.run(reader.keeper.renew())
+    assert reader.keeper.in_doubt()

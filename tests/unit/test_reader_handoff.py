@@ -117,7 +117,7 @@ def test_a_withdrawn_request_releases_instead_of_handing_over() -> None:
         row = store.get(STREAM, SHARD)
         assert store.request_handoff(STREAM, SHARD, owner="thief", expect_counter=row.counter)
         # seen at the next renewal, while the batch is in flight
-        await until(lambda: reader._handoff_to is not None, what="the request seen")
+        await until(lambda: reader.stop_request is not None and reader.stop_request.to == "thief", what="the request seen")
         assert store.withdraw_handoff(STREAM, SHARD, owner="thief")  # the thief closed meanwhile
         assert await asyncio.wait_for(run, 5) == ConsumerState.CLOSED
         row = store.get(STREAM, SHARD)

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from kinesis_actors.config import KinesisStream
-from kinesis_actors.coordinator import CoordinatorCore, _Reader, pick_reader, pool_size
+from kinesis_actors.coordinator import CoordinatorCore, pick_reader, pool_size
 from kinesis_actors.errors import StartError
 from kinesis_actors.reader import TRANSITIONS, ByteBudget, ConsumerState, ReaderIo, ReaderSpec, ShardReaderCore
 from kinesis_actors.records import Record, StartAt
-from kinesis_actors.testing import FakeKinesis, InProcessLeaseStore, LocalReader
+from kinesis_actors.testing import FakeClock, FakeKinesis, InlineIo, InProcessLeaseStore, LocalReader
 
 STREAM = "s"
 LEASE_S, RENEW_S, POLL_S = 1.0, 0.2, 0.1
@@ -59,9 +59,9 @@ class Instance:
         instance = self
 
         class CountingCore(ShardReaderCore):
-            async def add(self, spec: ReaderSpec, lease: Any) -> Any:
+            async def add(self, spec: ReaderSpec, lease: Any, *, lease_age_s: float | None = None) -> Any:
                 instance.adds[spec.shard_id] += 1
-                return await super().add(spec, lease)
+                return await super().add(spec, lease, lease_age_s=lease_age_s)
 
         def launch(_: int) -> LocalReader:
             if self.fail_starts > 0:
@@ -99,18 +99,18 @@ def test_the_pool_has_room_for_every_lease_and_one_reader_to_spare(leases: int, 
 
 
 def test_leases_are_packed_evenly_never_past_the_cap_and_only_on_ready_readers() -> None:
-    readers = [_Reader(i, ready=i != 3) for i in range(1, 6)]
+    loads = {rid: 0 for rid in (1, 2, 4, 5)}  # the READY readers; reader 3 is still starting
     placed = collections.Counter[int]()
-    for n in range(13):
-        reader = pick_reader(readers, 4)
-        assert reader is not None and reader.id != 3, "a reader still starting takes nothing"
-        reader.shards.add(f"shard-{n}")
-        placed[reader.id] += 1
+    for _ in range(13):
+        rid = pick_reader(loads, 4)
+        assert rid is not None and rid != 3, "a reader still starting takes nothing"
+        loads[rid] += 1
+        placed[rid] += 1
     assert sorted(placed.values()) == [3, 3, 3, 4], "even: no reader two ahead of another"
-    while (reader := pick_reader(readers, 4)) is not None:
-        reader.shards.add(f"more-{len(reader.shards)}")
-    assert [len(r.shards) for r in readers] == [4, 4, 0, 4, 4], "filled to the cap, never past it"
-    assert pick_reader([_Reader(1, ready=True, shards={"a", "b"})], 2) is None, "full: nobody has room"
+    while (rid := pick_reader(loads, 4)) is not None:
+        loads[rid] += 1
+    assert loads == {1: 4, 2: 4, 4: 4, 5: 4}, "filled to the cap, never past it"
+    assert pick_reader({1: 2}, 2) is None, "full: nobody has room"
 
 
 def test_consumer_states_allow_only_the_drawn_transitions() -> None:
@@ -266,9 +266,9 @@ def test_a_lease_poll_during_a_slow_rehome_never_takes_the_shard_twice() -> None
         for reader in inst.readers:  # every open from now on is slow: several polls pass meanwhile
             original = reader.core.add
 
-            async def slow_add(spec: Any, lease: Any, original: Any = original) -> Any:
+            async def slow_add(spec: Any, lease: Any, original: Any = original, **kw: Any) -> Any:
                 await asyncio.sleep(5 * POLL_S)
-                return await original(spec, lease)
+                return await original(spec, lease, **kw)
 
             reader.core.add = slow_add  # type: ignore[method-assign]
         victim = inst.live_readers()[0]
@@ -375,41 +375,50 @@ def test_a_reader_that_fails_to_start_is_retried_and_nothing_is_lost() -> None:
 def test_250_leases_in_one_process_are_each_renewed_on_time_while_one_store_call_hangs() -> None:
     """Each lease is renewed by its own conditional write every renew interval; with 250 in
     one reader and one lease's store calls taking 1.5 s, every other lease still renews
-    within renew_interval_s + 1 s of its previous renewal."""
+    within renew_interval_s + 1 s of its previous renewal. On a fake clock: store calls run
+    inline, 16 at a time (the store pool's threads), the slow one holding its place for 1.5 s
+    of fake time."""
     renew_s, lease_s, shards = 0.5, 3.0, 250
     slow_shard = "shardId-000000000007"
-    kinesis, rows = FakeKinesis(shards), InProcessLeaseStore()
+    clock = FakeClock()
+    kinesis, rows = FakeKinesis(shards), InProcessLeaseStore(clock=clock)
     writes: dict[str, list[float]] = collections.defaultdict(list)
 
     class Timed(InProcessLeaseStore):
         def renew(self, lease: Any, **kw: Any) -> Any:
-            if lease.shard_id == slow_shard:
-                time.sleep(1.5)  # one slow DynamoDB call, every time
             new = super().renew(lease, **kw)
-            writes[lease.shard_id].append(time.monotonic())
+            writes[lease.shard_id].append(clock())
             return new
 
+    def slow(pool: str, args: tuple[Any, ...]) -> float:  # one slow DynamoDB call, every time
+        return 1.5 if pool == "store" and args and getattr(args[0], "shard_id", None) == slow_shard else 0.0
+
     async def scenario() -> None:
-        store = Timed(rows._rows)
+        store = Timed(rows._rows, clock=clock)
 
         async def deliver(records: list[Record]) -> None: ...
 
-        core = ShardReaderCore(store=store, deliver=deliver, kinesis=kinesis, io=ReaderIo())
+        core = ShardReaderCore(store=store, deliver=deliver, kinesis=kinesis, clock=clock, sleep=clock.sleep,
+                               io=InlineIo(clock, delay_s=slow, threads=16))  # type: ignore[arg-type]
         spec = dict(stream=STREAM, owner_id="a", start_at=StartAt.trim_horizon(), lease_duration_s=lease_s,
                     renew_interval_s=renew_s, idle_wait_s=0.25, max_idle_wait_s=1.0)
         for sid in kinesis.shards:
             lease = rows.take(STREAM, sid, owner="a", duration_s=lease_s)
-            event = await core.add(ReaderSpec(shard_id=sid, **spec), lease)  # type: ignore[arg-type]
-            assert event.state == "processing"
-        t0 = time.monotonic()
-        await asyncio.sleep(6 * renew_s)  # the observation window
-        gaps = {sid: max(b - a for a, b in zip([t0, *w], [*w, time.monotonic()]))
+            adding = asyncio.ensure_future(core.add(ReaderSpec(shard_id=sid, **spec), lease))  # type: ignore[arg-type]
+            while not adding.done():
+                await clock.run_for(0.01)
+            assert adding.result().state == "processing"
+        t0 = clock()
+        await clock.run_for(6 * renew_s, step_s=0.02)  # the observation window
+        gaps = {sid: max(b - a for a, b in zip([t0, *w], [*w, clock()]))
                 for sid, w in writes.items() if sid != slow_shard}
         assert len(gaps) == shards - 1
         worst = max(gaps.values())
         assert worst <= renew_s + 1.0, f"a lease waited {worst:.2f} s between renewals"
         assert all(s["state"] == "processing" for s in core.stats()["shards"].values()), "no lease lost"
         assert len(writes[slow_shard]) >= 1, "the slow lease renews too, just late"
-        await core.close(release=False)
+        closing = asyncio.ensure_future(core.close(release=False))
+        while not closing.done():
+            await clock.run_for(0.05)
 
-    asyncio.run(asyncio.wait_for(scenario(), 60))
+    asyncio.run(scenario())

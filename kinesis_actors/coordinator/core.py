@@ -1,0 +1,487 @@
+"""CoordinatorCore: one subscription's control loop, composed of one part per role.
+
+Parts (each in its own module, each with one state enum): the reader pool
+(:mod:`.pool`), the placements of held leases (:mod:`.placements`), the handoffs
+(:mod:`.handoffs`), the lease-table poll (:mod:`.poll`), presence and stats
+(:mod:`.presence`). The core's tick, like Ray Serve's ``DeploymentStateManager.update``,
+calls each part's update when it is due on the injected clock (presence every
+``renew_interval_s``, ``ListShards`` every ``shard_sync_interval_s``, the lease poll and
+pool upkeep every ``lease_poll_interval_s``), each in its own kept task with its own
+try/except: a failing part is logged, counted (``step_failures``) and retried when next
+due, a slow one never delays another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from ..aws import AwsSettings
+from ..config import KinesisStream
+from ..errors import KinesisError, StartError
+from ..fanout import ensure_stream_consumer
+from ..kinesis import ShardInfo
+from ..leases.protocol import LeaseStore
+from ..reader import ConsumerState, ReaderSpec, ShardEvent
+from ..records import StartAt
+from .closing import close_parts
+from .handles import Launcher, ReaderHandle
+from .handoffs import Handoffs
+from .placements import Held, HeldState, Placements
+from .poll import LeasePoll, PollOutcome, Taken
+from .pool import PooledReader, ReaderPool
+from .presence import Presence, collect_stats
+from .tasks import Sleep, TaskSet
+
+__all__ = ["CoordinatorCore"]
+
+log = logging.getLogger("kinesis_actors.coordinator")
+T = TypeVar("T")
+
+_START_FAILURES_FATAL = 3  # reader starts failing in a row that end a first pass early
+_STRAGGLER_WAIT_S = 5.0  # first pass: how long to wait for a slow reader once the others have room
+_STORE_THREADS = 16  # threads for the Coordinator's lease-store calls (takes of a poll run in parallel)
+_COUNTERS = ("leases_taken", "leases_lost", "readers_replaced", "shards_rehomed", "shards_ended",
+             "reader_start_failures", "handoffs_requested", "handoffs_received", "handoffs_forced",
+             "leases_handed_over", "step_failures", "store_errors")
+
+
+def reader_spec(cfg: KinesisStream, shard: ShardInfo, *, owner_id: str, lease_duration_s: float,
+                renew_interval_s: float, consumer_arn: str | None) -> ReaderSpec:
+    """The :class:`ReaderSpec` a reader opens ``shard`` with (children of a reshard at ``TRIM_HORIZON``)."""
+    return ReaderSpec(
+        stream=cfg.name, shard_id=shard.shard_id, owner_id=owner_id,
+        start_at=StartAt.trim_horizon() if shard.parent_shard_ids else cfg.start_at,
+        lease_duration_s=lease_duration_s, renew_interval_s=renew_interval_s,
+        ending_sequence_number=shard.ending_sequence_number, max_records=cfg.max_records,
+        idle_wait_s=cfg.idle_wait_s, max_idle_wait_s=cfg.max_idle_wait_s, max_sink_retries=cfg.max_sink_retries,
+        dead_letter=cfg.dead_letter, consumer_arn=consumer_arn,
+        min_checkpoint_interval_s=cfg.min_checkpoint_interval_s,
+    )
+
+
+def _why_not_open(pool: ReaderPool, counters: dict[str, int], still_opening: int, without_reader: int) -> str:
+    parts = []
+    if without_reader:
+        parts.append(f"{without_reader} leases had no room: {pool.starting()} readers still starting")
+    if pool.last_start_error is not None:
+        parts.append(f"{counters['reader_start_failures']} reader starts failed, the last with "
+                     f"{pool.last_start_error!r:.300}")
+    if still_opening:
+        parts.append(f"{still_opening} shards still opening (GetShardIterator or the lease table slow)")
+    return "; ".join(parts) or "no reason recorded"
+
+
+def _tick_metrics(core: CoordinatorCore) -> None:
+    import kinesis_actors.coordinator as package  # the hook is looked up where it is exported (and patched)
+
+    package.coordinator_tick(core)
+
+
+class CoordinatorCore:
+    """The control loop of one subscription (plain asyncio; see the package docstring).
+
+    Args:
+        stream: the subscription's :class:`KinesisStream`.
+        aws: settings for ``ListShards`` and the readers.
+        store: the lease store (blocking calls run in this Coordinator's threads).
+        owner_id: this instance's lease owner id.
+        lease_duration_s / renew_interval_s: lease timing, seconds.
+        launcher: creates reader ``n`` of the pool (see :data:`Launcher`).
+        kinesis: a boto3 Kinesis client (for ``ListShards``).
+        on_fatal: called with a fatal error (e.g. to fail the pull queue).
+        call_timeout_s: timeout of every call to a reader, seconds.
+        handoff_timeout_s: how long a handoff request may stay unanswered before it is
+            forced, seconds (default 2 x ``lease_duration_s``).
+        reader_start_timeout_s: how long a new reader may take to answer, seconds.
+        clock: monotonic clock, seconds; sleep: the matching sleep (every timer uses them).
+
+    Attributes:
+        leases / pool / placements / handoffs / presence: the parts (:class:`LeasePoll`,
+            :class:`ReaderPool`, :class:`Placements`, :class:`Handoffs`, :class:`Presence`).
+        counters: this instance's counters (leases taken, lost, handed over, handoffs,
+            reader starts failed, ``step_failures``, ``store_errors``, ...).
+    """
+
+    def __init__(self, stream: KinesisStream, *, aws: AwsSettings, store: LeaseStore, owner_id: str,
+                 lease_duration_s: float, renew_interval_s: float, launcher: Launcher, kinesis: Any,
+                 on_fatal: Callable[[BaseException], Any] | None = None, call_timeout_s: float = 30.0,
+                 handoff_timeout_s: float | None = None, reader_start_timeout_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic, sleep: Sleep = asyncio.sleep) -> None:
+        self.stream, self.aws, self.store, self.owner_id = stream, aws, store, owner_id
+        self.lease_duration_s, self.renew_interval_s = lease_duration_s, renew_interval_s
+        self.max_shards_per_reader = stream.max_shards_per_reader
+        self._kinesis, self._on_fatal, self._call_timeout_s = kinesis, on_fatal, call_timeout_s
+        self._clock, self._sleep = clock, sleep
+        self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        self._tasks = TaskSet(self.counters)
+        self._threads = concurrent.futures.ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="ka-coordinator")
+        self.leases = LeasePoll(stream=stream, store=store, io=self._io, kinesis=kinesis, owner_id=owner_id,
+                                lease_duration_s=lease_duration_s, clock=clock, counters=self.counters)
+        self.pool = ReaderPool(launch=launcher, max_shards_per_reader=stream.max_shards_per_reader,
+                               load=lambda rid: self.placements.load(rid), on_event=self._apply,
+                               on_gone=self._reader_gone, on_ready=lambda: self.placements.update(),
+                               tasks=self._tasks, counters=self.counters, clock=clock, sleep=sleep,
+                               call_timeout_s=call_timeout_s, start_timeout_s=reader_start_timeout_s,
+                               retry_s=min(1.0, renew_interval_s))
+        self.placements = Placements(pool=self.pool, take=self.leases.take, io=self._io, store=store,
+                                     stream=stream.name, owner_id=owner_id, spec=self._spec,
+                                     on_finished=self.leases.finished.add, tasks=self._tasks,
+                                     counters=self.counters, clock=clock, call_timeout_s=call_timeout_s)
+        self.handoffs = Handoffs(store=store, io=self._io, take=self.leases.take, stream=stream.name,
+                                 owner_id=owner_id, lease_duration_s=lease_duration_s,
+                                 timeout_s=handoff_timeout_s if handoff_timeout_s is not None else 2 * lease_duration_s,
+                                 tasks=self._tasks, counters=self.counters, call_timeout_s=call_timeout_s)
+        self.presence = Presence(store=store, io=self._io, stream=stream.name, owner_id=owner_id,
+                                 duration_s=lease_duration_s, counters=self.counters)
+        self._error: BaseException | None = None
+        self._closing = False
+        self._started = False  # the first pass finished: the tick runs every part
+        self._closed = asyncio.Event()
+        self._wake = asyncio.Event()  # run the lease poll now
+        self._nudge = asyncio.Event()  # look at what is due now
+        self._task: asyncio.Task[None] | None = None
+        self._close_task: asyncio.Task[None] | None = None
+        self._last_stats: dict[str, dict[str, Any]] = {}
+        self.consumer_arn: str | None = None  # the stream consumer (retrieval="fanout"), registered by start()
+
+    @property
+    def last_plan(self) -> Any:
+        """The balancing plan of the last lease poll (a :class:`~kinesis_actors.balancing.BalancePlan`), or None."""
+        return self.leases.last_plan
+
+    async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking call (lease store, ListShards) in this Coordinator's threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, lambda: fn(*args, **kwargs))
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, timeout_s: float = 120.0) -> None:
+        """The first pass: ``ListShards``, read the table, start the reader pool, take the
+        leases and open each on a reader (each holds its first iterator when this
+        returns); then the tick runs every part.
+
+        Args:
+            timeout_s: the deadline of the whole pass, seconds.
+
+        Raises:
+            StartError: not every lease taken was open by the deadline (readers slow or
+                failing to start, opens timing out); says how many were and why. Nothing
+                was delivered to the caller yet; :meth:`close` releases what was taken.
+
+        Other errors of the first pass (``ListShards``, the lease table) are parked
+        (reported by :meth:`error`), not raised.
+        """
+        deadline = self._clock() + timeout_s
+        self._task = asyncio.create_task(self._tick_loop(), name=f"coordinator-{self.stream.name}")
+        try:
+            if self.stream.retrieval == "fanout" and self.consumer_arn is None:
+                assert self.stream.consumer_name is not None  # KinesisStream checks it
+                self.consumer_arn = await self._io(ensure_stream_consumer, self._kinesis, self.stream.name,
+                                                   self.stream.consumer_name,
+                                                   wait_s=max(1.0, deadline - self._clock()))
+            await self.sync_shards()
+            outcome = await self.poll_leases(deadline=deadline)
+        except Exception as e:  # parked: the subscription reports it on the next call
+            log.exception("%s: first pass failed", self.stream.name)
+            await self.fail(e)
+            return
+        log.info("%s: first pass opened %d of %d leased shards on %d readers in %.1f s", self.stream.name,
+                 outcome.opened, outcome.wanted, len(self.pool.ready()), timeout_s - (deadline - self._clock()))
+        if outcome.opened < outcome.wanted:
+            raise StartError(f"{self.stream.name}: {outcome.opened} of {outcome.wanted} shards opened within "
+                             f"{timeout_s:.0f} s ({outcome.why})", started=outcome.opened, total=outcome.wanted)
+        self._started = True
+        self._nudge.set()
+
+    async def _tick_loop(self) -> None:
+        """Run each part when it is due (injected clock), until closing; a part still
+        running when due is not started twice (its next round starts once it is done)."""
+        cfg, now = self.stream, self._clock()
+        parts: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+            "presence": self.presence.update, "shards": self.sync_shards, "poll": self._poll_and_upkeep}
+        due = {"presence": now, "shards": now + cfg.shard_sync_interval_s, "poll": now + cfg.lease_poll_interval_s}
+        running: dict[str, asyncio.Task[None]] = {}
+        while not self._closing:
+            now = self._clock()
+            if self._wake.is_set():
+                self._wake.clear()
+                due["poll"] = min(due["poll"], now)
+            self._nudge.clear()
+            active = [n for n in parts if self._started or n == "presence"]
+            for name in active:
+                if now >= due[name] and name not in running:
+                    running[name] = self._tasks.spawn(self._step(name, parts[name]), f"step-{name}")
+                    running[name].add_done_callback(functools.partial(self._step_done, running, name))
+                    due[name] = now + self._interval(name)
+            waits = [due[n] for n in active if n not in running]
+            await self._nap(max(0.0, min(waits, default=now + cfg.lease_poll_interval_s) - self._clock()))
+
+    def _interval(self, part: str) -> float:
+        if part == "presence":
+            return self.renew_interval_s
+        if part == "shards":
+            return self.stream.shard_sync_interval_s
+        # a slow table read spaces the polls out: at most half of the store's time goes to reading it
+        return max(self.stream.lease_poll_interval_s, 2 * self.leases.last_read_s)
+
+    def _step_done(self, running: dict[str, asyncio.Task[None]], name: str, _: object) -> None:
+        running.pop(name, None)
+        self._nudge.set()
+
+    def _poll_now(self) -> None:
+        """Run the lease poll at once (a shard ended: its children may be readable)."""
+        self._wake.set()
+        self._nudge.set()
+
+    async def _nap(self, seconds: float) -> None:
+        """Sleep ``seconds`` on the injected sleep, or less when nudged."""
+        nudged = asyncio.ensure_future(self._nudge.wait())
+        nap = asyncio.ensure_future(self._sleep(seconds))
+        try:
+            await asyncio.wait({nudged, nap}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            nudged.cancel()
+            nap.cancel()
+
+    async def _step(self, name: str, update: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        try:
+            await update()
+        except Exception as e:  # any failure of one part: logged and counted, retried when next due
+            if getattr(e, "fatal", False):  # e.g. KclLeaseStore saw a live KCL worker: refuse the table
+                await self.fail(e)
+                return
+            self.counters["step_failures"] += 1
+            log.warning("%s: %s failed (%r); retrying when next due", self.stream.name, name, e)
+
+    async def _poll_and_upkeep(self) -> None:
+        try:
+            await self.poll_leases()
+        finally:
+            self.pool.update(len(self.placements.held))
+            self.placements.update()
+
+    async def close(self, *, release: bool = True, grace_s: float = 5.0, timeout_s: float = 15.0) -> None:
+        """Stop the tick and every reader within ``timeout_s``; with ``release`` the leases
+        are released after checkpointing what was acknowledged (otherwise they expire),
+        handoff requests withdrawn and the presence row deleted (otherwise it goes stale).
+
+        Args:
+            release: release leases and the presence row.
+            grace_s: how long each reader may take to finish its batch in flight, seconds
+                (capped by what is left of ``timeout_s``).
+            timeout_s: the deadline of the whole close, seconds (injected clock). What is
+                not done by then (a hanging lease table) is left to expire, and the log
+                says which.
+
+        Never raises for a failing store or reader (each step logs what it left).
+        """
+        if self._close_task is None:
+            self._close_task = asyncio.ensure_future(self._close(release, grace_s, timeout_s))
+        try:
+            await asyncio.wait_for(asyncio.shield(self._close_task), timeout_s + 1.0)
+        except asyncio.TimeoutError:
+            log.warning("%s: close did not finish within %.1f s", self.stream.name, timeout_s)
+
+    async def _close(self, release: bool, grace_s: float, timeout_s: float) -> None:
+        deadline = self._clock() + timeout_s
+        self._closing = self.pool.closing = self.placements.closing = True
+        self._poll_now()
+        steps = self._tasks.running("step-") + self._tasks.running("reader-")
+        if self._task is not None:
+            steps.append(self._task)
+        for task in steps:
+            task.cancel()
+        await asyncio.gather(*steps, return_exceptions=True)
+        opening = self._tasks.running("open-") + self._tasks.running("place")
+        if opening:  # opens under way: let them land (bounded), so they are stopped too
+            await asyncio.wait(opening, timeout=max(0.0, min(grace_s, deadline - self._clock())))
+        await close_parts(self, release=release, grace_s=grace_s, deadline=deadline, clock=self._clock,
+                          started=self._task is not None)
+        self.placements.held.clear()
+        self._threads.shutdown(wait=False)
+        self._closed.set()
+
+    async def fail(self, error: BaseException) -> None:
+        """Park a fatal error, tell ``on_fatal``, close (releasing) in a kept task."""
+        if self._error is None:
+            self._error = error
+            log.error("%s: subscription failed: %r", self.stream.name, error)
+            if self._on_fatal is not None:
+                try:
+                    self._on_fatal(error)
+                except Exception:  # the callback's own failure: logged, the close goes on
+                    log.exception("on_fatal callback failed")
+        if not self._closing:
+            self._tasks.spawn(self.close(release=True), "close")
+
+    def error(self) -> BaseException | None:
+        """The parked fatal error, or None."""
+        return self._error
+
+    async def wait(self, timeout_s: float | None) -> bool:
+        """Wait until closed or failed; True if it ended within ``timeout_s``."""
+        try:
+            await asyncio.wait_for(self._closed.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    # ------------------------------------------------------------------ reader reports
+    async def _apply(self, reader: PooledReader, event: ShardEvent) -> None:
+        """A consumer of ``reader`` ended: free its place and count how."""
+        shard_id = event.shard_id
+        if not self.placements.ended(reader, shard_id):
+            return  # stale: the lease moved on already
+        state = ConsumerState(event.state)
+        if state is ConsumerState.SHARD_ENDED:
+            self.leases.finished.add(shard_id)
+            self.counters["shards_ended"] += 1
+            self._poll_now()  # children may be readable now
+        elif state is ConsumerState.LOST:
+            self.counters["leases_lost"] += 1
+        elif state is ConsumerState.HANDED_OVER:
+            self.counters["leases_handed_over"] += 1
+        elif state is ConsumerState.FAILED:
+            error = event.error
+            await self.fail(error if isinstance(error, KinesisError) else KinesisError(f"shard {shard_id}: {error!r}"))
+
+    async def _reader_gone(self, reader: PooledReader, why: BaseException) -> None:
+        """Re-home the leases of a dead reader on live readers at once; start a replacement
+        in the background (the leases do not wait for it when there is room)."""
+        moved = self.placements.reader_gone(reader)
+        log.warning("reader %d gone (%s); re-homing %d leases under owner %s", reader.id, why, len(moved),
+                    self.owner_id)
+        self.pool.grow(len(self.placements.held))
+        await self.placements.place_waiting()
+
+    # ------------------------------------------------------------------ steps
+    async def sync_shards(self) -> None:
+        """``ListShards`` (every ``shard_sync_interval_s``); ``DescribeStreamSummary`` once,
+        for the stream's identity. Raises what the Kinesis calls raise."""
+        await self.leases.sync_shards()
+
+    async def poll_leases(self, *, deadline: float | None = None) -> PollOutcome:
+        """One lease poll: read the table; take free, expired and own leases of readable
+        shards (as many as the READY readers have room for) and open them; force handoff
+        requests unanswered too long; below the balancing target, ask the most loaded
+        instance for handoffs; pass requests for our own rows on to their readers.
+
+        Args:
+            deadline: the first pass (injected clock): grow the pool and wait for room for
+                every lease to take, then wait until each is open or the deadline passes.
+                Without it the opens run in the background, so a slow reader never delays
+                the next poll (``PollOutcome.opened`` is then 0).
+
+        Returns:
+            The :class:`PollOutcome`.
+
+        Raises:
+            What the table read raises; with ``deadline``, a reader's fatal error on open.
+            A failed take, forced takeover or handoff request is logged and costs no other.
+        """
+        view = await self.leases.read()
+        _tick_metrics(self)  # metrics: lease figures, once per poll
+        held = self.placements.held
+        plan = self.leases.plan(view, held.keys())
+        forced = await self.handoffs.settle(view.rows, view.read_at, held, self.leases.shards)
+        self.counters["leases_taken"] += len(forced)
+        wanted = list(plan.take)
+        if deadline is not None:
+            await self.pool.wait_for_room(len(wanted) + len(forced), len(held), deadline,
+                                          straggler_wait_s=_STRAGGLER_WAIT_S, fatal_failures=_START_FAILURES_FATAL)
+        else:
+            self.pool.grow(len(held) + len(wanted) + len(forced))
+        no_room = max(0, len(wanted) - max(0, self.pool.room_left() - len(forced)))
+        if no_room:
+            log.info("%s: room for %d of %d leases to take now; the pool is growing", self.stream.name,
+                     len(wanted) - no_room, len(wanted))
+            wanted = wanted[:len(wanted) - no_room]
+        taken = await self.leases.take_all(wanted, skip=lambda sid: self._closing or sid in held)
+        for t in taken:
+            self.handoffs.received(t.shard.shard_id)
+        if not no_room:  # no more moves asked for while leases already ours wait for room on a reader
+            await self.handoffs.ask(plan.steal, view.rows, view.read_at,
+                                    why=f"target {plan.target}, live {','.join(plan.live)}")
+        self.handoffs.pass_on(view.rows, lambda sid: self.placements.handle_of(sid, open_only=True))
+        news = [Taken(self.leases.shards[f.shard_id], f, view.read_at) for f in forced] + taken
+        opens = [h for h in (self.placements.track(t.shard, t.lease, t.taken_at) for t in news
+                             if not self._closing) if h.state is HeldState.OPENING]
+        if deadline is None:
+            for h in opens:
+                self._tasks.spawn(self.placements.open(h), f"open-{h.shard.shard_id}")
+            return PollOutcome(wanted=len(news) + no_room, opened=0, why="")
+        return await self._await_opens(opens, len(news), no_room, deadline)
+
+    async def _await_opens(self, opens: list[Held], news: int, no_room: int, deadline: float) -> PollOutcome:
+        """First pass: wait for the opens until ``deadline``; say how many opened and why not the others."""
+        budget = max(self._call_timeout_s, deadline - self._clock())
+        tasks = [asyncio.ensure_future(self.placements.open(h, timeout_s=budget)) for h in opens]
+        done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - self._clock())) if tasks else (set(), set())
+        for task in tasks:
+            if task not in done:
+                self._tasks.keep(task)
+        events = [t.result() for t in done if t.exception() is None]
+        failures = [t.exception() for t in done if t.exception() is not None]
+        unconfirmed = sum(1 for e in events if e is None)
+        states = [(ConsumerState(e.state), e.error) for e in events if e is not None]
+        opened = sum(1 for s, _ in states if s is ConsumerState.PROCESSING)
+        ended = sum(1 for s, err in states if s is not ConsumerState.PROCESSING and err is None)
+        failed = [err for _, err in states if err is not None] + failures
+        if failed:
+            raise failed[0]  # type: ignore[misc]
+        without_reader = no_room + news - len(opens)
+        return PollOutcome(wanted=news - ended + no_room, opened=opened,
+                           why=_why_not_open(self.pool, self.counters, len(tasks) - len(done) + unconfirmed,
+                                              without_reader))
+
+    def _spec(self, shard: ShardInfo) -> ReaderSpec:
+        return reader_spec(self.stream, shard, owner_id=self.owner_id, lease_duration_s=self.lease_duration_s,
+                           renew_interval_s=self.renew_interval_s, consumer_arn=self.consumer_arn)
+
+    # ------------------------------------------------------------------ queries and control
+    async def stats(self) -> dict[str, Any]:
+        """Per-shard figures of the shards this instance holds (the last figures its reader
+        gave when it does not answer now), per-reader figures (``unreachable`` set for a
+        reader that did not answer within 5 s), and this instance's lease counts."""
+        readers = await collect_stats(self.pool.ready(), self.pool.loads(), self._last_stats,
+                                      set(self.placements.held))
+        plan = self.last_plan
+        return {"owner_id": self.owner_id, "stream": self.stream.name, "leases_held": len(self.placements.held),
+                "target": plan.target if plan else None, "live_instances": list(plan.live) if plan else [],
+                "handoffs_pending": sorted(self.handoffs.requests), "readers": readers,
+                "max_shards_per_reader": self.max_shards_per_reader,
+                **self.counters, "shards": dict(self._last_stats)}
+
+    def held(self) -> list[str]:
+        """Shard ids this instance holds (open, opening, or waiting for room on a reader)."""
+        return sorted(self.placements.held)
+
+    async def seek(self, position: StartAt, shard_id: str | None) -> list[str]:
+        """Reopen the open shards (or one) at ``position``; returns the shard ids sought.
+        Raises ``ReaderGone``/``ReaderUnreachable``/``TimeoutError`` of a reader that failed."""
+        targets = [sid for sid in self.placements.held if shard_id is None or sid == shard_id]
+
+        async def one(sid: str) -> str | None:
+            handle = self.placements.handle_of(sid, open_only=True)
+            if handle is None:
+                return None
+            done = await asyncio.wait_for(handle.seek(sid, position), self._call_timeout_s)
+            return sid if done else None
+
+        moved = await asyncio.gather(*(one(sid) for sid in targets))
+        return sorted(sid for sid in moved if sid is not None)
+
+    def reader_of(self) -> dict[str, ReaderHandle]:
+        """The reader handle of each held shard that has one."""
+        out = {}
+        for sid in self.placements.held:
+            handle = self.placements.handle_of(sid)
+            if handle is not None:
+                out[sid] = handle
+        return out

@@ -1,0 +1,239 @@
+"""The lease-table poll: the stream's shards and identity, which shards are readable, the
+balancing plan, and the takes it chose.
+
+Resharding: a shard is readable only when every parent that ``ListShards`` still lists
+has checkpoint ``SHARD_END`` in the table (a missing parent row is not a finished
+parent); children open at ``TRIM_HORIZON``. A row whose shard is no longer listed never
+opens and never blocks a child.
+
+Stream identity: the first ``ListShards`` notes the stream's ARN and creation time
+(``DescribeStreamSummary``); every take writes them on the row. A row of another
+incarnation (the stream was deleted and re-created under the same name) counts as
+absent: it finishes no parent, and taking it restarts it at ``start_at``.
+
+One round of the poll is in one :class:`PollState`::
+
+    IDLE --read--> READING --table read--> TAKING --takes answered--> IDLE
+                      |                                      ^
+                      `--the read failed (logged)------------'
+
+A failed take costs no other take of the same round: it is logged and counted
+(``takes_failed``) and the shard is taken at a later poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from ..balancing import BalancePlan, ShardState, plan_leases
+from ..config import KinesisStream
+from ..kinesis import ShardInfo, describe_stream, list_shards
+from ..leases.protocol import Lease, LeaseStore
+
+__all__ = ["PollState", "TableView", "Taken", "PollOutcome", "LeasePoll"]
+
+log = logging.getLogger("kinesis_actors.coordinator")
+
+
+class PollState(enum.Enum):
+    """Where the lease poll is (transitions in the module docstring)."""
+
+    IDLE = "idle"
+    READING = "reading"
+    TAKING = "taking"
+
+
+@dataclasses.dataclass(frozen=True)
+class TableView:
+    """One read of the lease table: the rows of this incarnation, the live instances, the
+    readable shard ids, and when it was read (injected clock, seconds)."""
+
+    rows: dict[str, Lease]
+    live: list[str]
+    readable: list[str]
+    read_at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Taken:
+    """A lease this poll took: the shard, the lease, and when its take was sent (injected clock, s)."""
+
+    shard: ShardInfo
+    lease: Lease
+    taken_at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PollOutcome:
+    """What one lease poll did.
+
+    Attributes:
+        wanted: leases it took or wanted to take but had no room for (minus those that
+            ended while opening).
+        opened: of those, how many its reader confirmed open (only counted when the
+            poll waited for its opens: the first pass).
+        why: why the others are not open (empty when all are).
+    """
+
+    wanted: int
+    opened: int
+    why: str
+
+
+class LeasePoll:
+    """Reads the lease table and takes the leases the planner chose.
+
+    Args:
+        stream: the subscription's stream settings.
+        store: the lease store; io: runs its blocking calls in the Coordinator's threads.
+        kinesis: a boto3 Kinesis client (``ListShards``, ``DescribeStreamSummary``).
+        owner_id / lease_duration_s: our owner id and the lease duration, seconds.
+        clock: the injected monotonic clock, seconds.
+        counters: ``leases_taken`` and ``takes_failed`` are counted here.
+    """
+
+    def __init__(self, *, stream: KinesisStream, store: LeaseStore, io: Callable[..., Awaitable[Any]], kinesis: Any,
+                 owner_id: str, lease_duration_s: float, clock: Callable[[], float],
+                 counters: dict[str, int]) -> None:
+        self.stream, self._store, self._io, self._kinesis = stream, store, io, kinesis
+        self.owner_id, self._duration_s, self._clock, self.counters = owner_id, lease_duration_s, clock, counters
+        counters.setdefault("takes_failed", 0)
+        self.state = PollState.IDLE
+        self.shards: dict[str, ShardInfo] = {}
+        self.finished: set[str] = set()
+        self.identity: tuple[str, int] | None = None  # (stream ARN, creation epoch ms)
+        self._identity_known = False
+        self._foreign: set[str] = set()  # shards whose row of another incarnation was reported
+        self.last_read_s = 0.0
+        self.last_plan: BalancePlan | None = None
+        self._last_steal = float("-inf")
+
+    # ------------------------------------------------------------------ shards
+    async def sync_shards(self) -> None:
+        """``ListShards``; ``DescribeStreamSummary`` once, for the stream's identity."""
+        if not self._identity_known:
+            self.identity = await self._io(self._describe_identity)
+            self._identity_known = True
+        shards = await self._io(list_shards, self._kinesis, self.stream.name)
+        self.shards = {s.shard_id: s for s in shards}
+
+    def _describe_identity(self) -> tuple[str, int] | None:
+        summary = describe_stream(self._kinesis, self.stream.name)
+        arn, created = summary.get("StreamARN"), summary.get("StreamCreationTimestamp")
+        if not arn or created is None:
+            return None
+        seconds = created.timestamp() if hasattr(created, "timestamp") else float(created)
+        return (arn, round(seconds * 1000))
+
+    # ------------------------------------------------------------------ the table
+    async def read(self) -> TableView:
+        """Read the table (one consistent snapshot); note finished shards; list the readable ones."""
+        self.state = PollState.READING
+        try:
+            read_at = self._clock()
+            snap = await self._io(self._store.snapshot, self.stream.name)
+            self.last_read_s = self._clock() - read_at
+        finally:
+            self.state = PollState.IDLE
+        rows = self._this_incarnation({lease.shard_id: lease for lease in snap.leases})
+        self.finished |= {sid for sid, row in rows.items() if row.finished}
+        readable = [sid for sid in sorted(self.shards)
+                    if sid not in self.finished and self.parents_done(self.shards[sid], rows)]
+        return TableView(rows, [i.owner for i in snap.instances], readable, self._clock())
+
+    def _this_incarnation(self, rows: dict[str, Lease]) -> dict[str, Lease]:
+        if self.identity is None:
+            return rows
+        current: dict[str, Lease] = {}
+        for shard_id, row in rows.items():
+            identity = row.stream_identity
+            if identity is not None and identity != self.identity:
+                if shard_id not in self._foreign:
+                    self._foreign.add(shard_id)
+                    log.warning("shard %s: the lease row belongs to another incarnation of stream %s (%s); its"
+                                " checkpoint %r is not applied, the shard opens at start_at",
+                                shard_id, self.stream.name, identity, row.checkpoint)
+                continue
+            current[shard_id] = row
+        return current
+
+    def parents_done(self, shard: ShardInfo, rows: dict[str, Lease]) -> bool:
+        """Whether ``shard`` may be read given the table's ``rows``: it was read before (a
+        checkpoint on its own row), or every parent still listed is at ``SHARD_END``."""
+        own = rows.get(shard.shard_id)
+        if own is not None and own.checkpoint is not None:
+            return True  # read before, so its parents were done (KCL deletes a finished parent's lease)
+        for parent in shard.parent_shard_ids:
+            if parent not in self.shards:
+                continue  # trimmed away: ListShards no longer lists it
+            row = rows.get(parent)
+            if row is None or not row.finished:
+                return False
+        return True
+
+    def plan(self, view: TableView, held: Iterable[str]) -> BalancePlan:
+        """The balancing plan over ``view`` (steals at most once per lease-poll interval)."""
+        may_steal = view.read_at - self._last_steal >= 0.9 * self.stream.lease_poll_interval_s
+        states = [self._shard_state(sid, view.rows.get(sid)) for sid in view.readable]
+        plan = plan_leases(self.owner_id, states, held=held, live_instances=view.live,
+                           max_leases=self.stream.max_leases,
+                           max_leases_to_steal=self.stream.max_leases_to_steal if may_steal else 0)
+        if plan.steal:
+            self._last_steal = view.read_at
+        self.last_plan = plan
+        return plan
+
+    def _shard_state(self, shard_id: str, row: Lease | None) -> ShardState:
+        if row is None:
+            return ShardState(shard_id)
+        expired = row.owner not in (None, self.owner_id) and self._store.is_expired(row)
+        return ShardState(shard_id, row.owner, row.next_owner, expired)
+
+    # ------------------------------------------------------------------ takes
+    async def take(self, shard_id: str) -> Lease | None:
+        """Take (or re-take) ``shard_id``'s row under our owner id; None if another holds it."""
+        shard = self.shards.get(shard_id)
+        lease: Lease | None = await self._io(self._store.take, self.stream.name, shard_id, owner=self.owner_id,
+                                             duration_s=self._duration_s,
+                                             parent_shard_ids=shard.parent_shard_ids if shard else (),
+                                             stream_identity=self.identity)
+        return lease
+
+    async def take_all(self, shard_ids: list[str], skip: Callable[[str], bool]) -> list[Taken]:
+        """Take ``shard_ids`` in parallel; returns those taken and not finished (finished rows
+        are released). ``skip(shard_id)`` after a take: drop it (closing, or held meanwhile)."""
+        self.state = PollState.TAKING
+        try:
+            sent = self._clock()
+            outcomes = await asyncio.gather(*(self.take(sid) for sid in shard_ids), return_exceptions=True)
+        finally:
+            self.state = PollState.IDLE
+        taken: list[Taken] = []
+        for shard_id, got in zip(shard_ids, outcomes):
+            if isinstance(got, Exception):  # one failed take costs none of the others
+                self.counters["takes_failed"] += 1
+                log.warning("shard %s: take failed (%r); retried at the next poll", shard_id, got)
+            elif isinstance(got, BaseException):
+                raise got
+            elif got is None or skip(shard_id):
+                continue
+            elif got.finished:
+                self.finished.add(shard_id)
+                await self.release(got)
+            else:
+                self.counters["leases_taken"] += 1
+                taken.append(Taken(self.shards[shard_id], got, sent))
+        return taken
+
+    async def release(self, lease: Lease) -> None:
+        """Release ``lease``; a lease-store error is logged and counted (the row then expires)."""
+        try:
+            await self._io(self._store.release, lease)
+        except Exception as e:  # a lease-store error: the finished row expires on its own
+            self.counters["store_errors"] = self.counters.get("store_errors", 0) + 1
+            log.info("shard %s: could not release the row (%r); it expires", lease.shard_id, e)

@@ -1,0 +1,280 @@
+"""What the consumers of one reader process share: the thread pools (:class:`ReaderIo`), the
+Kinesis call limit (:class:`CallLimit`) and the byte budget (:class:`ByteBudget`)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..config import DEFAULT_MAX_SHARDS_PER_READER
+from ..errors import InvalidError
+from ..kinesis import GET_RECORDS_MAX_BYTES
+from .spec import DEFAULT_THREADS, Sleep
+from .timers import wait_event
+
+__all__ = ["CallLimit", "ReaderIo", "ByteBudget", "ToThreadIo", "STUCK_CALL_S"]
+
+log = logging.getLogger("kinesis_actors.reader")
+T = TypeVar("T")
+
+
+STUCK_CALL_S = 1.0
+"""A Kinesis call in flight longer than this, seconds, no longer counts against :class:`CallLimit`."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Call:
+    """One Kinesis call admitted by :class:`CallLimit`: when, for which shard, and whether it counts."""
+
+    started: float
+    key: str | None
+    counted: bool
+
+
+class CallLimit:
+    """How many Kinesis calls of one process may be in flight: AIMD on lease-renewal latency,
+    where a stuck call holds its own shard's slot only.
+
+    Renewals keep leases; polls only move data. When the service (or an emulator that
+    serves Kinesis and DynamoDB on the same cores) cannot keep up with both, the renewals
+    must not wait behind the polls. So every renewal reports its latency: one slower than
+    a third of the renew interval halves the limit (at most once per third of an
+    interval); one faster than a tenth of it raises the limit by ``1 / limit`` (additive
+    increase, about +1 per window of calls), up to ``maximum``. Against AWS, renewals take
+    milliseconds and the limit stays at its maximum.
+
+    A call that stays in flight longer than ``stuck_after_s`` (a ``GetRecords`` hung until
+    its socket timeout) stops counting, and its shard's (``key``'s) next calls run outside
+    the limit until one of them returns within ``stuck_after_s``: a hung call puts no
+    load on the service, and each shard has one call in flight at most, so a stuck shard
+    never holds up another, however low the limit.
+
+    Args:
+        maximum: the most calls in flight (the pool's threads). minimum: the fewest.
+        stuck_after_s: seconds after which a call in flight no longer counts.
+        clock: monotonic seconds. sleep: ``async sleep(seconds)`` on that clock.
+    """
+
+    def __init__(self, maximum: int, *, minimum: int = 1, stuck_after_s: float = STUCK_CALL_S,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Sleep = asyncio.sleep) -> None:
+        self.maximum = maximum
+        self.minimum = minimum
+        self.stuck_after_s = stuck_after_s
+        self.limit = float(maximum)
+        self.cuts = 0
+        self._clock = clock
+        self._sleep = sleep
+        self._last_cut = float("-inf")
+        self._freed: asyncio.Event | None = None
+        self._calls: set[_Call] = set()
+        self._slow: set[str] = set()  # shards whose last call outlived stuck_after_s: outside the limit
+
+    @property
+    def in_flight(self) -> int:
+        """Calls in flight that count against the limit (admitted, younger than ``stuck_after_s``)."""
+        now = self._clock()
+        return sum(1 for c in self._calls if c.counted and now - c.started < self.stuck_after_s)
+
+    def _event(self) -> asyncio.Event:
+        if self._freed is None:
+            self._freed = asyncio.Event()
+        return self._freed
+
+    async def _wait(self) -> None:
+        """Until a call ends or the oldest counted call turns stuck."""
+        now = self._clock()
+        due = min((c.started + self.stuck_after_s - now for c in self._calls if c.counted), default=self.stuck_after_s)
+        event = self._event()
+        event.clear()
+        await wait_event(event, due, self._sleep)
+
+    async def acquire(self, key: str | None = None) -> _Call:
+        """Wait for a free place, then take it; returns the token :meth:`release` takes.
+        ``key``: the shard the call is for (a shard whose last call was stuck waits for no place)."""
+        if key is not None and key in self._slow:
+            call = _Call(self._clock(), key, counted=False)
+        else:
+            while self.in_flight >= int(self.limit):
+                await self._wait()
+            call = _Call(self._clock(), key, counted=True)
+        self._calls.add(call)
+        return call
+
+    def release(self, call: _Call) -> None:
+        """Give a place back: the call ended (returned or raised)."""
+        self._calls.discard(call)
+        if call.key is not None:
+            if self._clock() - call.started >= self.stuck_after_s:
+                self._slow.add(call.key)
+            else:
+                self._slow.discard(call.key)
+        self._event().set()
+
+    def note_renewal(self, latency_s: float, renew_interval_s: float) -> None:
+        """A lease renewal of this process took ``latency_s`` seconds."""
+        if latency_s > renew_interval_s / 3:
+            now = self._clock()
+            if now - self._last_cut >= renew_interval_s / 3:
+                self._last_cut = now
+                self.limit = max(float(self.minimum), self.limit / 2)
+                self.cuts += 1
+                log.info("renewals slow (%.2f s): at most %d Kinesis calls in flight now", latency_s, int(self.limit))
+        elif latency_s < renew_interval_s / 10 and self.limit < self.maximum:
+            self.limit = min(float(self.maximum), self.limit + 1 / self.limit)
+            self._event().set()
+
+
+class ReaderIo:
+    """The thread pools of one reader process: Kinesis calls and lease-store calls apart.
+
+    A blocking call (boto3, ``MemoryLeaseStore``'s ``ray.get``) never runs on the event
+    loop. With separate pools, a ``GetRecords`` stuck until its socket timeout takes a
+    thread from the Kinesis pool only, never from the renewals; and :class:`CallLimit`
+    holds Kinesis calls back while renewals are slow.
+
+    A third pool reads enhanced fan-out subscriptions (a read waits for the next event):
+    its threads are started only when used, one per subscribed shard at most.
+
+    Args:
+        kinesis_threads: threads for Kinesis calls (size the client's HTTP pool the same).
+        store_threads: threads for lease-store calls.
+        stream_threads: most threads reading subscriptions (the reader's shard cap).
+        clock, sleep: monotonic seconds and ``async sleep`` on them (for :class:`CallLimit`).
+    """
+
+    def __init__(self, *, kinesis_threads: int = DEFAULT_THREADS, store_threads: int = DEFAULT_THREADS,
+                 stream_threads: int = DEFAULT_MAX_SHARDS_PER_READER, clock: Callable[[], float] = time.monotonic,
+                 sleep: Sleep = asyncio.sleep) -> None:
+        self.kinesis_threads = kinesis_threads
+        self.store_threads = store_threads
+        self.limit = CallLimit(kinesis_threads, clock=clock, sleep=sleep)
+        self._kinesis = concurrent.futures.ThreadPoolExecutor(kinesis_threads, thread_name_prefix="ka-kinesis")
+        self._store = concurrent.futures.ThreadPoolExecutor(store_threads, thread_name_prefix="ka-store")
+        self._streams = concurrent.futures.ThreadPoolExecutor(stream_threads, thread_name_prefix="ka-subscription")
+
+    async def kinesis(self, fn: Callable[..., T], *args: Any, limited: bool = True, shard: str | None = None) -> T:
+        """Run ``fn(*args)`` (a Kinesis call) in the Kinesis pool, within :attr:`limit` unless
+        ``limited=False`` (opening a shard: once per lease, not a recurring poll). ``shard``:
+        the shard the call is for (see :class:`CallLimit`: a stuck call holds that shard only)."""
+        if not limited:
+            return await asyncio.get_running_loop().run_in_executor(self._kinesis, fn, *args)
+        call = await self.limit.acquire(shard)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._kinesis, fn, *args)
+        finally:
+            self.limit.release(call)
+
+    async def store(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` (a lease-store call) in the store pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._store, fn, *args)
+
+    async def stream(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` (a read of a subscription: waits for its next event) in the subscription pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._streams, fn, *args)
+
+    def note_renewal(self, latency_s: float, renew_interval_s: float) -> None:
+        """Tell :attr:`limit` how long a renewal took."""
+        self.limit.note_renewal(latency_s, renew_interval_s)
+
+    def close(self) -> None:
+        """Stop the pools once their calls end (no new calls are taken)."""
+        self._kinesis.shutdown(wait=False, cancel_futures=True)
+        self._store.shutdown(wait=False, cancel_futures=True)
+        self._streams.shutdown(wait=False, cancel_futures=True)
+
+
+class ByteBudget:
+    """Bytes of fetched, unacknowledged records in one reader process, bounded.
+
+    A fetch reserves the most one ``GetRecords`` response can carry (``max_response``,
+    10 MiB on AWS) before it starts; its answer turns the reservation into what it
+    really holds; acknowledging (or dropping) the records gives the bytes back. A fetch
+    is admitted while ``used + reserved + max_response <= limit``, or, when nothing is in
+    flight, while ``used < limit``. Hence ``used + reserved`` never exceeds ``limit +
+    max_response``: the budget plus one response, whatever the number of shards
+    (compare KCL's ``maxByteSize``, which bounds each shard's prefetch queue instead).
+
+    Bytes are counted as ``Fetched.bytes``: what each fetched batch's buffers hold
+    (:attr:`~kinesis_actors.batch.RecordBatch.nbytes`).
+
+    Args:
+        limit: the budget, bytes (> 0).
+        max_response: the largest response one fetch may bring, bytes.
+        sleep: ``async sleep`` on the injected clock (the timeout of :meth:`wait_changed`).
+
+    Raises:
+        InvalidError: ``limit`` is not a positive int.
+    """
+
+    def __init__(self, limit: int, *, max_response: int = GET_RECORDS_MAX_BYTES, sleep: Sleep = asyncio.sleep) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise InvalidError(f"max_buffered_bytes must be a positive int, got {limit!r}")
+        self.limit = limit
+        self.max_response = max_response
+        self.used = 0
+        self.reserved = 0
+        self.peak = 0  # most bytes held at once
+        self.waits = 0
+        self._sleep = sleep
+        self._changed: asyncio.Event | None = None
+
+    def _event(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def try_reserve(self, amount: int | None = None) -> bool:
+        """Reserve room for one fetch if the rule above admits it; True if it did.
+        ``amount``: the most this fetch may bring, bytes (default ``max_response``)."""
+        amount = self.max_response if amount is None else amount
+        room = self.used + self.reserved + amount <= self.limit
+        if room or (self.reserved == 0 and self.used < self.limit):
+            self.reserved += amount
+            return True
+        return False
+
+    async def wait_changed(self, timeout_s: float) -> None:
+        """Wait until bytes are given back (or ``timeout_s`` seconds pass)."""
+        event = self._event()
+        event.clear()
+        self.waits += 1
+        await wait_event(event, timeout_s, self._sleep)
+
+    def settle(self, nbytes: int, amount: int | None = None) -> None:
+        """A fetch that reserved ``amount`` (default ``max_response``) returned ``nbytes``
+        bytes of records (0 if it failed): now held."""
+        amount = self.max_response if amount is None else amount
+        self.reserved -= amount
+        self.used += nbytes
+        self.peak = max(self.peak, self.used)
+        if nbytes < amount:
+            self._event().set()
+
+    def release(self, nbytes: int) -> None:
+        """``nbytes`` of held records were acknowledged or dropped."""
+        if nbytes:
+            self.used -= nbytes
+            self._event().set()
+
+
+class ToThreadIo:
+    """:class:`ReaderIo`'s interface over ``asyncio.to_thread`` (a consumer used on its own, in tests):
+    no call limit, no pools of its own."""
+
+    async def kinesis(self, fn: Callable[..., T], *args: Any, limited: bool = True, shard: str | None = None) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+    async def store(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+    async def stream(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+    def note_renewal(self, latency_s: float, renew_interval_s: float) -> None:
+        pass

@@ -1,0 +1,79 @@
+"""What one consumer needs besides its lease: :class:`ReaderSpec`, and the reader defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from ..records import Record, StartAt
+
+__all__ = ["ReaderSpec", "kinesis_call_timeout_s", "Deliver", "Sleep", "DEFAULT_MAX_BUFFERED_BYTES",
+           "DEFAULT_THREADS"]
+
+DEFAULT_MAX_BUFFERED_BYTES = 64 * 2**20
+"""Default byte budget of one reader process (``KinesisStream.max_buffered_bytes``), bytes."""
+
+DEFAULT_THREADS = 16
+"""Threads (and HTTP connections) of each of a reader's two pools: Kinesis and lease store."""
+
+def kinesis_call_timeout_s(lease_duration_s: float) -> float:
+    """Connect and read timeout of a reader's Kinesis calls: shorter than the lease (half of
+    it, at most 10 s; up to 1 s for very short leases), seconds."""
+    return min(10.0, max(0.5 * lease_duration_s, min(1.0, 0.75 * lease_duration_s)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderSpec:
+    """What one consumer needs besides its lease (all picklable).
+
+    Attributes:
+        stream, shard_id: what to read. owner_id: the lease owner it reads for.
+        start_at: position for a shard with no checkpoint and no recorded start position.
+        lease_duration_s / renew_interval_s: lease timing, seconds.
+        ending_sequence_number: set for a closed shard: reaching it is shard end.
+        max_records: ``GetRecords`` ``Limit`` and the most records per delivered batch.
+        idle_wait_s / max_idle_wait_s: the first and the longest wait at the tip, seconds
+            (the wait doubles while the shard stays empty).
+        max_sink_retries: retries of a failing batch before ``SinkError``.
+        dead_letter: a Publisher for batches the sink refused, or None.
+        consumer_arn: the registered stream consumer for enhanced fan-out
+            (``retrieval="fanout"``); None reads with ``GetRecords``.
+        min_checkpoint_interval_s: shortest gap between two checkpoint writes, seconds
+            (``KinesisStream.min_checkpoint_interval_s``); 0 checkpoints every acknowledged batch.
+    """
+
+    stream: str
+    shard_id: str
+    owner_id: str
+    start_at: StartAt
+    lease_duration_s: float
+    renew_interval_s: float
+    ending_sequence_number: str | None = None
+    max_records: int = 10_000
+    idle_wait_s: float = 0.25
+    max_idle_wait_s: float = 1.0
+    max_sink_retries: int = 5
+    dead_letter: Any = None
+    consumer_arn: str | None = None
+    min_checkpoint_interval_s: float = 0.0
+
+    @property
+    def call_timeout_s(self) -> float:
+        """Connect and read timeout of Kinesis calls, seconds: :func:`kinesis_call_timeout_s`."""
+        return kinesis_call_timeout_s(self.lease_duration_s)
+
+    @property
+    def renew_deadline_s(self) -> float:
+        """How long after its last successful write a consumer keeps retrying a failing renewal, seconds."""
+        return max(self.lease_duration_s - max(self.renew_interval_s, 0.1 * self.lease_duration_s),
+                   0.5 * self.lease_duration_s)
+
+
+Deliver = Callable[[Sequence[Record]], Awaitable[Any]]
+"""``async deliver(records)``: returning acknowledges the batch, raising is a failure."""
+
+Sleep = Callable[[float], Awaitable[Any]]
+"""``async sleep(seconds)`` on the injected clock (``asyncio.sleep`` by default)."""
+
+
