@@ -42,7 +42,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from ..backoff import Backoff
-from ..errors import SinkError
+from ..errors import LeaseLostError, SinkError
 from ..records import Record
 from .dead_letter import DeadLetter, DeadLetterWriter
 from .options import DeliveryOptions
@@ -75,6 +75,15 @@ def partial_failed_from(error: BaseException) -> int | None:
         cause = getattr(e, "cause", None)
         e = cause if isinstance(cause, BaseException) else e.__cause__
     return None
+
+
+def _view(records: Sequence[Record], indices: list[int]) -> Sequence[Record]:
+    """``records`` at ``indices``: a slice when they are contiguous (a compact batch stays
+    compact across the process boundary), else a list."""
+    lo, hi = indices[0], indices[-1] + 1
+    if hi - lo == len(indices):
+        return records if (lo, hi) == (0, len(records)) else records[lo:hi]
+    return [records[i] for i in indices]
 
 
 @dataclasses.dataclass
@@ -163,6 +172,8 @@ class DeliveryEngine:
                 shard and sequence number; the cause is chained), a ``record_filter`` that
                 raised, or a dead letter that cannot be written. Records before it may
                 already be acknowledged (``on_ack`` said so).
+            LeaseLostError: raised by ``deliver`` (the consumer's lease check before a sink
+                call): passed on at once, never retried.
             asyncio.CancelledError: the consumer stopped; what ``on_ack`` reported stands.
         """
         batch, result = _Batch(records), DeliveryResult()
@@ -224,10 +235,10 @@ class DeliveryEngine:
             for i in remaining:
                 batch.attempts[i] += 1
             try:
-                await self._deliver([batch.records[i] for i in remaining])
+                await self._deliver(_view(batch.records, remaining))
                 done, error = len(remaining), None
-            except asyncio.CancelledError:
-                raise
+            except (asyncio.CancelledError, LeaseLostError):
+                raise  # stopped, or fenced before the call: never a failure of the sink
             except Exception as e:
                 error = e
                 k = partial_failed_from(e)
