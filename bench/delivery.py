@@ -169,7 +169,7 @@ def _poison(ctx: Any, res: Results) -> None:
     refused = [t for t, sh, _, first, last, ok in log if sh == shard and not ok]
     past = [t for t, sh, _, first, last, ok in log if sh == shard and ok and int(first) > seq]
     held = (min(past) - min(refused)) if refused and past else None
-    dead = sum(sh.get("dead_lettered") or 0 for sh in s["stats"]["shards"].values())
+    dead = sum(sh.get("dead_letter_records") or 0 for sh in s["stats"]["shards"].values())
     res.add("delivery", "poison_shard_held_up_s", held, "s",
             note=f"{total} records on 4 shards; bisect_on_error, max_sink_retries=2, max_batch_records=500")
     res.add("delivery", "poison_records_delivered", s["distinct"], "records", anchor="published - 1",
