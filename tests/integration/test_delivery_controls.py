@@ -8,7 +8,7 @@ import collections
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,26 +24,11 @@ from kinesis_actors import (
 )
 
 from .helpers import create_stream, kinesis_client, wait_until
+from .test_consume import make_broker  # noqa: F401  (the fixture: connected brokers with short lease timings)
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
-FAST = dict(lease_duration_s=2.0, renew_interval_s=0.5)
 POLL = dict(shard_sync_interval_s=1.0, lease_poll_interval_s=0.3, idle_wait_s=0.05, max_idle_wait_s=0.2)
-
-
-@pytest.fixture
-def make_broker(endpoint: str) -> Iterator[Callable[..., KinesisBroker]]:
-    brokers: list[KinesisBroker] = []
-
-    def make(**kwargs: Any) -> KinesisBroker:
-        options = {"endpoint": endpoint, "region": "us-east-1", "test_credentials": True, **FAST, **kwargs}
-        broker = KinesisBroker(**options).connect()
-        brokers.append(broker)
-        return broker
-
-    yield make
-    for broker in brokers:
-        broker.shutdown()
 
 
 @ray.remote(num_cpus=0, max_concurrency=32)
