@@ -13,8 +13,14 @@ $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# jupyterlab (the notebooks and test extras) pulls in jsonschema's format-nongpl extra, whose
+# rfc3987-syntax builds a lark grammar at import: 1.7 CPU s in every Ray process (jsonschema is
+# imported by Ray itself), enough on 2 loaded cores to make Ray's raylet give up on its dashboard
+# agent. Nothing here needs IRI format checks, so the venv goes without it (a plain
+# `pip install kinesis-actors` never had it).
 $(VENV)/.installed-%: pyproject.toml | $(BIN)/activate
 	$(BIN)/pip install -q -e ".[$*]"
+	$(BIN)/pip uninstall -q -y rfc3987-syntax 2>/dev/null || true
 	touch $@
 
 install: $(VENV)/.installed-test

@@ -13,7 +13,7 @@ import dataclasses
 import threading
 from typing import Any
 
-__all__ = ["AwsSettings", "TEST_ACCESS_KEY", "TEST_SECRET_KEY", "DEFAULT_REGION"]
+__all__ = ["AwsSettings", "LazyClient", "TEST_ACCESS_KEY", "TEST_SECRET_KEY", "DEFAULT_REGION"]
 
 TEST_ACCESS_KEY = "testing"
 TEST_SECRET_KEY = "testing"
@@ -60,25 +60,35 @@ class AwsSettings:
             changes["test_credentials"] = True
         return dataclasses.replace(self, **changes) if changes else self
 
+    def _session_key(self) -> tuple[Any, ...]:
+        """What a session depends on: who calls and where (not timeouts, retries or faults)."""
+        return (self.test_credentials, self.credentials, self.profile, self.region)
+
     def session(self) -> Any:
-        """A new ``boto3.Session`` for these settings (cached per process and settings)."""
+        """The ``boto3.Session`` for these settings: one per process and identity (credentials,
+        profile, region), so settings that differ only in timeouts or retries share it.
+
+        Every session of the process shares one botocore loader: the service models and
+        endpoint rules (JSON files) are read and parsed once per process, not once per session.
+        """
         import boto3
 
         with _LOCK:
-            cached = _SESSIONS.get(self)
+            key = self._session_key()
+            cached = _SESSIONS.get(key)
             if cached is None:
                 kwargs: dict[str, Any] = {}
                 if self.test_credentials:
                     kwargs.update(aws_access_key_id=TEST_ACCESS_KEY, aws_secret_access_key=TEST_SECRET_KEY)
                 elif self.credentials is not None:
-                    key, secret, token = self.credentials
-                    kwargs.update(aws_access_key_id=key, aws_secret_access_key=secret, aws_session_token=token)
+                    access_key, secret, token = self.credentials
+                    kwargs.update(aws_access_key_id=access_key, aws_secret_access_key=secret, aws_session_token=token)
                 if self.profile:
                     kwargs["profile_name"] = self.profile
                 region = self.region or (DEFAULT_REGION if self.test_credentials else None)
                 if region:
                     kwargs["region_name"] = region
-                cached = _SESSIONS[self] = boto3.Session(**kwargs)
+                cached = _SESSIONS[key] = boto3.Session(botocore_session=_botocore_session(), **kwargs)
             return cached
 
     def client(self, service: str, *, read_timeout_s: float | None = None, max_attempts: int | None = None,
@@ -99,11 +109,55 @@ class AwsSettings:
             retries={"mode": "standard", "max_attempts": self.max_attempts if max_attempts is None else max_attempts},
             max_pool_connections=max_pool_connections,
         )
-        client = self.session().client(service, endpoint_url=self.endpoint, config=config)
+        session = self.session()
+        with _LOCK:  # building clients from one session is not thread-safe
+            client = session.client(service, endpoint_url=self.endpoint, config=config)
         if self.faults is not None:  # tests only: kinesis_actors.testing.FaultInjector
             self.faults.install(client, read_timeout_s=config.read_timeout)
         return client
 
 
-_LOCK = threading.Lock()
-_SESSIONS: dict[AwsSettings, Any] = {}
+class LazyClient:
+    """A boto3 client built on first use (the first attribute read), once, thread-safely.
+
+    For a process whose first AWS call comes later than its construction: building a client
+    costs a few tenths of a CPU second (boto3's import, the service model and endpoint JSON),
+    which a Coordinator spends better after it launched its readers. Attribute reads are
+    forwarded to the real client (``lazy.list_shards(...)``, ``lazy.meta``).
+
+    Args:
+        build: makes the client (e.g. ``lambda: settings.client("kinesis")``); its errors
+            surface at the first use.
+    """
+
+    def __init__(self, build: Any) -> None:
+        self._build = build
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._build()
+                client = self._client
+        return getattr(client, name)
+
+
+def _botocore_session() -> Any:
+    """A new botocore session using the process's shared loader (created on first use)."""
+    global _LOADER
+    import botocore.loaders
+    import botocore.session
+
+    session = botocore.session.get_session()
+    if _LOADER is None:
+        _LOADER = botocore.loaders.create_loader(session.get_config_variable("data_path"))
+    session.register_component("data_loader", _LOADER)
+    return session
+
+
+_LOCK = threading.RLock()
+_SESSIONS: dict[tuple[Any, ...], Any] = {}
+_LOADER: Any = None

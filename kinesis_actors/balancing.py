@@ -119,25 +119,51 @@ def plan_leases(
     held_set = set(held)
     readable = sorted(shards, key=lambda s: s.shard_id)
     room = None if max_leases is None else max(0, max_leases - len(held_set))
+    take, unowned = _free_leases_to_take(me, readable, held_set, room)
+    live = set(live_instances) | {me}
+    counts = _count_leases_per_owner(me, readable, held_set, set(take), live)
+    target = math.ceil(len(readable) / len(live)) if readable else 0
+    if max_leases is not None:
+        target = min(target, max_leases)
+    plan = BalancePlan(target=target, live=tuple(sorted(live)), counts=dict(counts), take=tuple(take))
+    if unowned:  # KCL: no stealing in a round that takes free or expired leases
+        return plan
+    steal = _leases_to_steal(me, readable, held_set, counts, target, max_leases_to_steal)
+    if not steal:
+        return plan
+    victim = steal[0][1]
+    counts[me] += len(steal)
+    counts[victim] -= len(steal)
+    return dataclasses.replace(plan, counts=dict(counts), steal=steal)
 
+
+def _free_leases_to_take(me: str, readable: Sequence[ShardState], held: set[str],
+                         room: int | None) -> tuple[list[str], bool]:
+    """The free, expired and own rows to take (at most ``room``), and whether any of them is
+    not ours already (a free or expired row)."""
     take: list[str] = []
-    unowned = False  # a free or expired row among the takes (our own rows do not count)
+    unowned = False
     for s in readable:
-        if s.shard_id in held_set:
+        if s.shard_id in held:
             continue
         if s.owner is None or s.owner == me or s.expired:
             if room is not None and len(take) >= room:
                 continue
             take.append(s.shard_id)
             unowned = unowned or s.owner != me
-    take_set = set(take)
+    return take, unowned
 
-    live = set(live_instances) | {me}
+
+def _count_leases_per_owner(me: str, readable: Sequence[ShardState], held: set[str], take: set[str],
+                            live: set[str]) -> dict[str, int]:
+    """Leases per owner once this poll's takes and the pending handoffs are done (a lease
+    leaving by handoff counts for its next owner); every live owner appears, and the owner
+    of a live row is added to ``live``."""
     counts: dict[str, int] = {}
     for s in readable:
-        if s.shard_id in take_set:
+        if s.shard_id in take:
             who: str | None = me
-        elif s.shard_id in held_set:
+        elif s.shard_id in held:
             who = s.next_owner if s.next_owner and s.next_owner != me else me  # leaving us: a handoff
         elif s.expired or s.owner is None:
             who = None  # unowned (only when max_leases kept us from taking it)
@@ -148,28 +174,24 @@ def plan_leases(
             counts[who] = counts.get(who, 0) + 1
     for owner in live:
         counts.setdefault(owner, 0)
+    return counts
 
-    target = math.ceil(len(readable) / len(live)) if readable else 0
-    if max_leases is not None:
-        target = min(target, max_leases)
-    plan = BalancePlan(target=target, live=tuple(sorted(live)), counts=dict(counts), take=tuple(take))
-    if unowned:  # KCL: no stealing in a round that takes free or expired leases
-        return plan
+
+def _leases_to_steal(me: str, readable: Sequence[ShardState], held: set[str], counts: dict[str, int],
+                     target: int, max_leases_to_steal: int) -> tuple[tuple[str, str], ...]:
+    """(shard id, owner) pairs to ask the most loaded other owner for: its rows not being
+    handed off already, in a per-instance stable order, as many as :func:`steal_count` says."""
     others = sorted((owner for owner in counts if owner != me), key=lambda o: (-counts[o], o))
     if not others:
-        return plan
+        return ()
     victim = others[0]
     n = steal_count(counts[me], counts[victim], target, max_leases_to_steal)
     if n <= 0:
-        return plan
+        return ()
     candidates = [
         s.shard_id
         for s in readable
-        if s.owner == victim and s.next_owner is None and not s.expired and s.shard_id not in held_set
+        if s.owner == victim and s.next_owner is None and not s.expired and s.shard_id not in held
     ]
     candidates.sort(key=lambda sid: _steal_order(me, sid))
-    steal = tuple((sid, victim) for sid in candidates[:n])
-    if steal:
-        counts[me] += len(steal)
-        counts[victim] -= len(steal)
-    return dataclasses.replace(plan, counts=dict(counts), steal=steal)
+    return tuple((sid, victim) for sid in candidates[:n])

@@ -19,7 +19,10 @@ from .errors import InvalidError
 from .records import Record, StartAt
 
 __all__ = ["KinesisStream", "validate_stream_name", "positive_duration", "DEFAULT_MAX_SHARDS_PER_READER",
-           "RETRIEVAL_MODES"]
+           "DEFAULT_MAX_BUFFERED_BYTES", "RETRIEVAL_MODES"]
+
+DEFAULT_MAX_BUFFERED_BYTES = 64 * 2**20
+"""Default byte budget of one reader process (``KinesisStream.max_buffered_bytes``), bytes."""
 
 DEFAULT_MAX_SHARDS_PER_READER = 128
 """Default ``KinesisStream.max_shards_per_reader``. Chosen by ``python -m bench --only scale``
@@ -181,7 +184,7 @@ class KinesisStream:
     idle_wait_s: float = 0.25
     max_idle_wait_s: float = 1.0
     max_shards_per_reader: int = DEFAULT_MAX_SHARDS_PER_READER
-    max_buffered_bytes: int = 64 * 2**20
+    max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
     reader_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     coordinator_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     max_sink_retries: int = 5

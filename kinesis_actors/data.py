@@ -278,6 +278,23 @@ def read_kinesis(
     """
     import ray
 
+    aws, remote, named = _checked_read_options(endpoint, region, test_credentials, ray_remote_args, override_num_blocks)
+    datasource = KinesisDatasource(stream, start_at=start_at, end_at=end_at, aws=aws,
+                                   max_records_per_block=max_records_per_block)
+    return ray.data.read_datasource(datasource, override_num_blocks=override_num_blocks,
+                                    ray_remote_args=remote or None, **named)
+
+
+def _checked_read_options(endpoint: str | None, region: str | None, test_credentials: bool,
+                          ray_remote_args: Mapping[str, Any] | None, override_num_blocks: int | None,
+                          ) -> tuple[AwsSettings, dict[str, Any], dict[str, Any]]:
+    """Check :func:`read_kinesis`'s connection and Ray options (before any AWS call) and return
+    the :class:`AwsSettings`, then the remote args split in two: those passed as
+    ``ray_remote_args`` and those ``read_datasource`` takes by name.
+
+    Raises:
+        InvalidError: a bad argument (the message names the value).
+    """
     if endpoint is not None and (not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://"))):
         raise InvalidError(f"endpoint must be an http(s) URL, got {endpoint!r}")
     if region is not None and (not isinstance(region, str) or not region):
@@ -290,9 +307,6 @@ def read_kinesis(
                                             or not isinstance(override_num_blocks, int) or override_num_blocks <= 0):
         raise InvalidError(f"override_num_blocks must be a positive int or None, got {override_num_blocks!r}")
     aws = AwsSettings(endpoint=endpoint, region=region, test_credentials=test_credentials)
-    datasource = KinesisDatasource(stream, start_at=start_at, end_at=end_at, aws=aws,
-                                   max_records_per_block=max_records_per_block)
     remote = dict(ray_remote_args or {})
     named = {k: remote.pop(k) for k in _NAMED_REMOTE_ARGS if k in remote}
-    return ray.data.read_datasource(datasource, override_num_blocks=override_num_blocks,
-                                    ray_remote_args=remote or None, **named)
+    return aws, remote, named

@@ -1,27 +1,34 @@
-"""Kinesis access: the control plane (``DescribeStreamSummary``, ``CreateStream``,
-``ListShards``) and :class:`ShardFetcher`, the one read path of a shard.
+"""Kinesis access: the one read path of a shard, :class:`ShardFetcher`.
 
-Control-plane throttling (``LimitExceededException``) is retried by botocore's standard
-retry mode and then here with jitter until the caller's deadline. :class:`ShardFetcher`
-owns everything about reading one shard (the iterator, ``GetRecords``, expired-iterator
-recovery, throttling backoff, pacing at the tip); the subscription's read loops and
-``read_kinesis``'s read tasks both read through it. Errors leave through
-:func:`~kinesis_actors.errors.translate_aws_error`.
+:class:`ShardFetcher` owns everything about reading one shard (the iterator,
+``GetRecords``, expired-iterator recovery, throttling backoff, pacing at the tip); the
+subscription's read loops and ``read_kinesis``'s read tasks both read through it. Errors
+leave through :func:`~kinesis_actors.errors.translate_aws_error`. The control plane
+(``DescribeStreamSummary``, ``CreateStream``, ``ListShards``, :class:`ShardInfo`,
+:func:`call_with_retry`) lives in :mod:`kinesis_actors.control_plane` and is re-exported
+here, so ``from kinesis_actors.kinesis import ShardInfo`` keeps working.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from .backoff import THROTTLE_BACKOFF, Backoff
+from .backoff import THROTTLE_BACKOFF
 from .batch import RecordBatch
-from .errors import KinesisError, StreamError, aws_error_code, is_throttling, is_unreachable, translate_aws_error
+from .control_plane import (
+    CONTROL_PLANE_BACKOFF,
+    ShardInfo,
+    call_with_retry,
+    describe_stream,
+    ensure_stream,
+    list_shards,
+)
+from .errors import StreamError, aws_error_code, is_throttling, translate_aws_error
 from .records import Record, StartAt, records_from_response, seq_key
 from .wire import wire_get_records
 
@@ -30,167 +37,6 @@ __all__ = ["ShardInfo", "describe_stream", "ensure_stream", "list_shards", "call
            "CONTROL_PLANE_BACKOFF"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-CONTROL_PLANE_BACKOFF = Backoff(base_s=0.4, cap_s=3.0, floor_s=0.1)
-"""Waits of :func:`call_with_retry` between throttled control-plane calls (``ListShards``,
-``DescribeStreamSummary``, stream consumers: a few calls per second per account), seconds."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardInfo:
-    """One shard as ``ListShards`` describes it.
-
-    Attributes:
-        shard_id: e.g. ``"shardId-000000000000"``.
-        parent_shard_ids: its parent and adjacent parent (after a split or merge), if any.
-        starting_sequence_number / ending_sequence_number: decimal strings; the ending
-            one is set only on a closed shard (after resharding).
-        hash_key_range: ``(starting, ending)`` hash keys as ints.
-    """
-
-    shard_id: str
-    parent_shard_ids: tuple[str, ...] = ()
-    starting_sequence_number: str | None = None
-    ending_sequence_number: str | None = None
-    hash_key_range: tuple[int, int] = (0, 2**128 - 1)
-
-    @property
-    def closed(self) -> bool:
-        """True when the shard has an ``EndingSequenceNumber`` (it takes no new writes)."""
-        return self.ending_sequence_number is not None
-
-    @classmethod
-    def from_api(cls, shard: dict[str, Any]) -> ShardInfo:
-        """Build from one element of ``ListShards``'s ``Shards``."""
-        parents = tuple(p for p in (shard.get("ParentShardId"), shard.get("AdjacentParentShardId")) if p)
-        seq = shard.get("SequenceNumberRange", {})
-        hk = shard.get("HashKeyRange", {})
-        return cls(
-            shard_id=shard["ShardId"],
-            parent_shard_ids=parents,
-            starting_sequence_number=seq.get("StartingSequenceNumber"),
-            ending_sequence_number=seq.get("EndingSequenceNumber"),
-            hash_key_range=(int(hk.get("StartingHashKey", 0)), int(hk.get("EndingHashKey", 2**128 - 1))),
-        )
-
-
-def call_with_retry(fn: Callable[[], T], *, operation: str, resource: str, deadline_s: float = 30.0,
-                    backoff: Backoff | None = None) -> T:
-    """Call ``fn`` and retry throttling/transient errors with full-jitter backoff until ``deadline_s``.
-
-    The ``n``-th wait is ``backoff.delay_s(n)`` (default :data:`CONTROL_PLANE_BACKOFF`, read
-    at each call), cut short at the deadline; blocking (``time.sleep``), for the driver and
-    the control plane.
-
-    An endpoint that cannot be reached (connection refused: nothing listens) is not
-    retried here past botocore's own attempts: the caller hears at once, with the URL.
-
-    Raises:
-        KinesisError: the translated error, once it is not transient or the deadline passed.
-    """
-    end = time.monotonic() + deadline_s
-    attempt = 0
-    while True:
-        try:
-            return fn()
-        except Exception as e:
-            attempt += 1
-            err = translate_aws_error(e, operation=operation, resource=resource)
-            # An endpoint that refuses connections was retried by botocore already.
-            if not is_throttling(e) or is_unreachable(e) or time.monotonic() >= end:
-                raise err from e
-            pause = (backoff or CONTROL_PLANE_BACKOFF).delay_s(attempt)
-            log.info("%s on %s throttled (%s); retrying in %.2f s", operation, resource, err.aws_code, pause)
-            time.sleep(min(pause, max(0.0, end - time.monotonic())))
-
-
-def describe_stream(client: Any, stream: str, *, deadline_s: float = 30.0) -> dict[str, Any]:
-    """``DescribeStreamSummary`` of ``stream``: its ``StreamDescriptionSummary`` dict.
-
-    Raises:
-        StreamError: the stream does not exist (``ResourceNotFoundException``) or the
-            credentials were refused.
-        KinesisError: anything else, translated.
-    """
-    response = call_with_retry(
-        lambda: client.describe_stream_summary(StreamName=stream),
-        operation="DescribeStreamSummary", resource=stream, deadline_s=deadline_s,
-    )
-    summary: dict[str, Any] = response["StreamDescriptionSummary"]
-    return summary
-
-
-def ensure_stream(client: Any, stream: str, *, create_shards: int | None, wait_s: float = 60.0) -> dict[str, Any]:
-    """Describe ``stream``; create it with ``create_shards`` shards if missing and wait for ``ACTIVE``.
-
-    Args:
-        client: a boto3 Kinesis client.
-        stream: the stream name.
-        create_shards: shard count for ``CreateStream``; None to require the stream.
-        wait_s: longest wait for the stream to become ``ACTIVE`` (60 s), polling
-            ``DescribeStreamSummary`` every 0.25 s.
-
-    Returns:
-        The ``StreamDescriptionSummary`` of the ACTIVE (or UPDATING) stream.
-
-    Raises:
-        StreamError: missing (and not to be created), not ACTIVE within ``wait_s``, or the
-            credentials were missing or refused (the botocore cause chained).
-        KinesisError: the endpoint cannot be reached (the message names its URL), or
-            another error, translated.
-    """
-    try:
-        summary = describe_stream(client, stream)
-    except StreamError as e:
-        if e.aws_code != "ResourceNotFoundException":
-            raise  # credentials refused or missing: the error names its real cause
-        if create_shards is None:
-            raise StreamError(f"stream {stream!r} does not exist (pass create_if_missing=N to create it)",
-                              aws_code=e.aws_code) from None
-        try:
-            client.create_stream(StreamName=stream, ShardCount=create_shards)
-            log.info("created stream %s with %d shards", stream, create_shards)
-        except Exception as ce:
-            if translate_aws_error(ce, operation="CreateStream").aws_code != "ResourceInUseException":
-                raise translate_aws_error(ce, operation="CreateStream", resource=stream) from ce
-        summary = describe_stream(client, stream)
-    end = time.monotonic() + wait_s
-    while summary.get("StreamStatus") not in ("ACTIVE", "UPDATING"):
-        if summary.get("StreamStatus") == "DELETING" or time.monotonic() > end:
-            raise StreamError(f"stream {stream!r} is {summary.get('StreamStatus')}, not ACTIVE after {wait_s:.0f} s")
-        time.sleep(0.25)
-        summary = describe_stream(client, stream)
-    return summary
-
-
-def list_shards(client: Any, stream: str, *, deadline_s: float = 30.0) -> list[ShardInfo]:
-    """Every shard of ``stream`` (open and closed) with ``ListShards``, following ``NextToken``.
-
-    AWS refuses ``StreamName`` together with ``NextToken``; moto needs it. The first page
-    is asked by name, later pages by token alone, falling back to both for moto.
-
-    Raises:
-        StreamError: the stream is gone. KinesisError: other failures past retries.
-    """
-    shards: list[ShardInfo] = []
-    response = call_with_retry(lambda: client.list_shards(StreamName=stream), operation="ListShards",
-                               resource=stream, deadline_s=deadline_s)
-    while True:
-        shards.extend(ShardInfo.from_api(s) for s in response.get("Shards", []))
-        token = response.get("NextToken")
-        if not token:
-            break
-        try:
-            response = call_with_retry(functools.partial(client.list_shards, NextToken=token),
-                                       operation="ListShards", resource=stream, deadline_s=deadline_s)
-        except KinesisError as e:  # moto refuses NextToken without StreamName (AWS refuses both together)
-            log.debug("ListShards of %s by NextToken alone refused (%s); asking with the stream name too",
-                      stream, e.aws_code)
-            response = call_with_retry(functools.partial(client.list_shards, StreamName=stream, NextToken=token),
-                                       operation="ListShards", resource=stream, deadline_s=deadline_s)
-    return sorted(shards, key=lambda s: s.shard_id)
-
 
 # ---------------------------------------------------------------------- the read path of one shard
 MIN_CALL_SPACING_S = 0.2

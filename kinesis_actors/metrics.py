@@ -5,7 +5,7 @@ Two hooks feed them, each called from one place:
 * :func:`reader_tick` from a ShardReader's heartbeat (every step of its read loop and
   every half renew interval while it waits on the downstream). It exports the deltas of
   the reader's ``stats`` counters, so the cost is per batch, never per record, and at
-  most one export per :data:`EXPORT_INTERVAL_S`. It also adds ``checkpoint_age_s`` to
+  most one export per :data:`EXPORT_INTERVAL_S` (5 s). It also adds ``checkpoint_age_s`` to
   ``stats``, so ``Subscription.stats()`` returns the figures the metrics show.
 * :func:`coordinator_tick` from the Coordinator's lease poll (every
   ``lease_poll_interval_s``): leases held, taken, lost, readers replaced.
@@ -65,8 +65,10 @@ __all__ = ["reader_tick", "coordinator_tick", "checkpoint_lag_ms", "MetricsSink"
 log = logging.getLogger(__name__)
 
 PREFIX = "kinesis_actors_"
-EXPORT_INTERVAL_S = 0.5
-"""Shortest gap between two exports of one reader (Ray ships metrics every few seconds anyway)."""
+EXPORT_INTERVAL_S = 5.0
+"""Shortest gap between two exports of one reader, seconds. Ray ships a process's metrics every
+``metrics_report_interval_ms`` (10 s by default), so exporting more often only costs CPU: each
+export is a few ``ray.util.metrics`` calls, which an idle shard would otherwise pay on every poll."""
 
 SHARD_TAGS = ("stream", "shard_id", "owner_id")
 INSTANCE_TAGS = ("stream", "owner_id")

@@ -37,6 +37,7 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .errors import LeaseStoreError
@@ -533,7 +534,9 @@ class FakeShard:
             raise, ``"hang"`` to block until :attr:`release` is set (at most 30 s; a call
             stuck whatever the client's timeout says), or None to answer normally.
         iterator_faults: AWS error codes the next ``GetShardIterator`` calls raise.
-        calls: monotonic times of the ``GetRecords`` calls.
+        calls: times of the ``GetRecords`` calls, read from :attr:`clock`.
+        clock: the clock :attr:`calls` reads (``time.monotonic`` unless a test sets its
+            fake clock, so call spacing is measured on the reader's clock).
         iterator_requests: the arguments of each ``GetShardIterator``.
         hang_s: seconds every ``GetRecords`` sleeps before answering (a slow shard).
         max_per_call: most records one response holds (AWS stops at 10 MiB), or None.
@@ -567,6 +570,7 @@ class FakeShard:
         self.faults: list[str | None] = []
         self.iterator_faults: list[str] = []
         self.calls: list[float] = []
+        self.clock: Callable[[], float] = time.monotonic
         self.iterator_requests: list[dict[str, Any]] = []
         self.hang_s = 0.0
         self.max_per_call = max_per_call
@@ -608,7 +612,7 @@ class FakeShard:
         return {"ShardIterator": str(pos)}
 
     def get_records(self, *, ShardIterator: str, Limit: int = 10_000) -> dict[str, Any]:
-        self.calls.append(time.monotonic())
+        self.calls.append(self.clock())
         if self.hang_s:
             time.sleep(self.hang_s)
         fault = self.faults.pop(0) if self.faults else None
@@ -873,6 +877,29 @@ class FakeClock:
         pending = [due for due, future in self._sleepers if not future.done()]
         return max(0.0, min(pending) - self()) if pending else None
 
+    async def until(self, cond: Callable[[], Any], *, within_s: float, what: str = "the condition",
+                    step_s: float = 0.01) -> None:
+        """Drive the clock (:meth:`run_for` steps of ``step_s``) until ``cond()`` is true.
+
+        Raises:
+            AssertionError: ``within_s`` seconds of this clock passed first (a test failure
+                naming ``what``).
+        """
+        end = self() + within_s
+        while not cond():
+            assert self() < end, f"not within {within_s} s of the fake clock: {what}"
+            await self.run_for(step_s)
+
+    async def finish(self, work: Any, *, within_s: float = 60.0, step_s: float = 0.01) -> Any:
+        """Drive the clock until the awaitable ``work`` is done; its result (or its exception).
+
+        Raises:
+            AssertionError: not done within ``within_s`` seconds of this clock.
+        """
+        task = asyncio.ensure_future(work)
+        await self.until(task.done, within_s=within_s, what="the call to return", step_s=step_s)
+        return task.result()
+
     async def run_for(self, seconds: float, *, step_s: float = 0.01) -> None:
         """Move the clock ``seconds`` forward in steps of at most ``step_s``, letting the event
         loop run every ready task between steps (no wall-clock sleep)."""
@@ -894,12 +921,16 @@ class LocalReader:
 
     Args:
         core: the reader (``kinesis_actors.reader.ShardReaderCore``).
-        start_delay_s: how long ``ping`` takes the first time (an actor starting).
+        start_delay_s: how long ``ping`` takes the first time (an actor starting), seconds
+            of ``sleep``'s clock.
+        sleep: ``async sleep(seconds)`` that delay waits on; default ``asyncio.sleep`` (pass
+            a :class:`FakeClock`'s ``sleep`` to start on fake time).
     """
 
-    def __init__(self, core: Any, *, start_delay_s: float = 0.0) -> None:
+    def __init__(self, core: Any, *, start_delay_s: float = 0.0, sleep: Any = asyncio.sleep) -> None:
         self.core = core
         self.start_delay_s = start_delay_s
+        self._sleep = sleep
         self.dead = False
         self.calls: dict[str, int] = {}
         self.lease_ages: dict[str, float | None] = {}  # shard id -> lease_age_s of its last add
@@ -928,7 +959,7 @@ class LocalReader:
     async def ping(self) -> None:
         self._check("ping")
         if self.start_delay_s:
-            await asyncio.sleep(self.start_delay_s)
+            await self._sleep(self.start_delay_s)
             self.start_delay_s = 0.0
 
     async def add(self, spec: Any, lease: Any, *, lease_age_s: float | None = None) -> Any:
@@ -975,7 +1006,8 @@ class InlineIo:
         clock: the fake clock whose ``sleep`` a delayed call waits on.
         delay_s: ``delay_s(pool, args)`` -> seconds of fake time a call waits before it
             runs (``pool`` is ``"kinesis"``, ``"store"`` or ``"stream"``; ``args`` the call's
-            arguments, a store write's first one being the Lease); default none.
+            arguments, a store write's first one being the Lease; for ``"kinesis"``, the
+            shard id the call is for, then the call's arguments); default none.
         threads: most calls of one pool running at once (a delayed call holds its place
             while it waits, like a thread of ``ReaderIo``'s pools); None: no bound.
 
@@ -991,21 +1023,21 @@ class InlineIo:
         self.hang_store = False
         self.hung = 0
 
-    async def _run(self, pool: str, fn: Any, args: tuple[Any, ...]) -> Any:
+    async def _run(self, pool: str, fn: Any, args: tuple[Any, ...], seen: tuple[Any, ...] | None = None) -> Any:
         slots = self._pools[pool]
         if slots is not None:
             async with slots:
-                return await self._call(fn, args, pool)
-        return await self._call(fn, args, pool)
+                return await self._call(fn, args, pool, args if seen is None else seen)
+        return await self._call(fn, args, pool, args if seen is None else seen)
 
-    async def _call(self, fn: Any, args: tuple[Any, ...], pool: str) -> Any:
-        wait = self.delay_s(pool, args) if self.delay_s is not None else 0.0
+    async def _call(self, fn: Any, args: tuple[Any, ...], pool: str, seen: tuple[Any, ...]) -> Any:
+        wait = self.delay_s(pool, seen) if self.delay_s is not None else 0.0
         if wait:
             await self.clock.sleep(wait)
         return fn(*args)
 
     async def kinesis(self, fn: Any, *args: Any, limited: bool = True, shard: str | None = None) -> Any:
-        return await self._run("kinesis", fn, args)
+        return await self._run("kinesis", fn, args, (shard, *args))
 
     async def stream(self, fn: Any, *args: Any) -> Any:
         return await self._run("stream", fn, args)

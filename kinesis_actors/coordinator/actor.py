@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..aws import AwsSettings
+from ..aws import AwsSettings, LazyClient
 from ..config import KinesisStream
 from ..errors import ray_call_errors
 from ..leases.protocol import Lease, LeaseStore
@@ -116,7 +116,8 @@ def make_coordinator_actor() -> Any:
             on_fatal = (lambda err: pull_queue.fail.remote(err)) if pull_queue is not None else None
             self.core = CoordinatorCore(stream, aws=aws, store=store, owner_id=owner_id,
                                         lease_duration_s=lease_duration_s, renew_interval_s=renew_interval_s,
-                                        launcher=launch, kinesis=aws.client("kinesis"), on_fatal=on_fatal)
+                                        launcher=launch, kinesis=LazyClient(lambda: aws.client("kinesis")),
+                                        on_fatal=on_fatal)  # the client is built after the readers launched
 
         async def start(self, timeout_s: float = 120.0) -> None:
             await self.core.start(timeout_s)

@@ -32,7 +32,7 @@ from ..records import StartAt
 from .closing import close_parts
 from .handles import Launcher, ReaderHandle
 from .handoffs import Handoffs
-from .placements import Held, HeldState, Placements
+from .placements import HeldState, Placements
 from .poll import LeasePoll, PollOutcome, Taken
 from .pool import PooledReader, ReaderPool
 from .presence import Presence, collect_stats
@@ -63,18 +63,6 @@ def reader_spec(cfg: KinesisStream, shard: ShardInfo, *, owner_id: str, lease_du
         dead_letter=cfg.dead_letter, consumer_arn=consumer_arn,
         min_checkpoint_interval_s=cfg.min_checkpoint_interval_s, delivery=cfg.delivery_options(),
     )
-
-
-def _why_not_open(pool: ReaderPool, counters: dict[str, int], still_opening: int, without_reader: int) -> str:
-    parts = []
-    if without_reader:
-        parts.append(f"{without_reader} leases had no room: {pool.starting()} readers still starting")
-    if pool.last_start_error is not None:
-        parts.append(f"{counters['reader_start_failures']} reader starts failed, the last with "
-                     f"{pool.last_start_error!r:.300}")
-    if still_opening:
-        parts.append(f"{still_opening} shards still opening (GetShardIterator or the lease table slow)")
-    return "; ".join(parts) or "no reason recorded"
 
 
 def _tick_metrics(core: CoordinatorCore) -> None:
@@ -162,9 +150,9 @@ class CoordinatorCore:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, timeout_s: float = 120.0) -> None:
-        """The first pass: ``ListShards``, read the table, start the reader pool, take the
-        leases and open each on a reader (each holds its first iterator when this
-        returns); then the tick runs every part.
+        """The first pass: start the smallest reader pool (in the background), ``ListShards``,
+        read the table, grow the pool to the leases, take them and open each on a reader (each
+        holds its first iterator when this returns); then the tick runs every part.
 
         Args:
             timeout_s: the deadline of the whole pass, seconds.
@@ -179,6 +167,10 @@ class CoordinatorCore:
         """
         deadline = self._clock() + timeout_s
         self._task = asyncio.create_task(self._tick_loop(), name=f"coordinator-{self.stream.name}")
+        # The smallest pool starts now, in the background: reader processes start (a second or
+        # more each) while this pass lists the shards and reads the lease table; the pass grows
+        # the pool further once it knows how many leases it takes.
+        self.pool.grow(1)
         try:
             if self.stream.retrieval == "fanout" and self.consumer_arn is None:
                 assert self.stream.consumer_name is not None  # KinesisStream checks it
@@ -416,29 +408,7 @@ class CoordinatorCore:
             for h in opens:
                 self._tasks.spawn(self.placements.open(h), f"open-{h.shard.shard_id}")
             return PollOutcome(wanted=len(news) + no_room, opened=0, why="")
-        return await self._await_opens(opens, len(news), no_room, deadline)
-
-    async def _await_opens(self, opens: list[Held], news: int, no_room: int, deadline: float) -> PollOutcome:
-        """First pass: wait for the opens until ``deadline``; say how many opened and why not the others."""
-        budget = max(self._call_timeout_s, deadline - self._clock())
-        tasks = [asyncio.ensure_future(self.placements.open(h, timeout_s=budget)) for h in opens]
-        done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - self._clock())) if tasks else (set(), set())
-        for task in tasks:
-            if task not in done:
-                self._tasks.keep(task)
-        events = [t.result() for t in done if t.exception() is None]
-        failures = [t.exception() for t in done if t.exception() is not None]
-        unconfirmed = sum(1 for e in events if e is None)
-        states = [(ConsumerState(e.state), e.error) for e in events if e is not None]
-        opened = sum(1 for s, _ in states if s is ConsumerState.PROCESSING)
-        ended = sum(1 for s, err in states if s is not ConsumerState.PROCESSING and err is None)
-        failed = [err for _, err in states if err is not None] + failures
-        if failed:
-            raise failed[0]  # type: ignore[misc]
-        without_reader = no_room + news - len(opens)
-        return PollOutcome(wanted=news - ended + no_room, opened=opened,
-                           why=_why_not_open(self.pool, self.counters, len(tasks) - len(done) + unconfirmed,
-                                              without_reader))
+        return await self.placements.open_first_pass(opens, news=len(news), no_room=no_room, deadline=deadline)
 
     def _spec(self, shard: ShardInfo) -> ReaderSpec:
         return reader_spec(self.stream, shard, owner_id=self.owner_id, lease_duration_s=self.lease_duration_s,

@@ -31,6 +31,7 @@ from ..kinesis import ShardInfo
 from ..leases.protocol import Lease
 from ..reader import ConsumerState, ReaderSpec, ShardEvent
 from .handles import ReaderGone, ReaderHandle, ReaderUnreachable
+from .poll import PollOutcome
 from .pool import PooledReader, ReaderPool
 from .tasks import TaskSet
 
@@ -249,3 +250,48 @@ class Placements:
         if self.held.get(held.shard.shard_id) is held:
             del self.held[held.shard.shard_id]
         self._pool.room.set()
+
+    async def open_first_pass(self, opens: list[Held], *, news: int, no_room: int, deadline: float) -> PollOutcome:
+        """The first pass: open ``opens`` and wait for them until ``deadline`` (injected clock);
+        say how many opened and why not the others. Opens still under way at the deadline
+        go on in kept tasks.
+
+        Args:
+            opens: the held leases to open (state ``OPENING``).
+            news: leases the poll took; no_room: leases it wanted but had no room for.
+            deadline: the first pass's deadline, seconds on the injected clock.
+
+        Raises:
+            The first fatal error a reader reported on open (a ``KinesisError``), or an open's own error.
+        """
+        budget = max(self._call_timeout_s, deadline - self._clock())
+        tasks = [asyncio.ensure_future(self.open(h, timeout_s=budget)) for h in opens]
+        done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - self._clock())) if tasks else (set(), set())
+        for task in tasks:
+            if task not in done:
+                self._tasks.keep(task)
+        events = [t.result() for t in done if t.exception() is None]
+        failures = [t.exception() for t in done if t.exception() is not None]
+        unconfirmed = sum(1 for e in events if e is None)
+        states = [(ConsumerState(e.state), e.error) for e in events if e is not None]
+        opened = sum(1 for s, _ in states if s is ConsumerState.PROCESSING)
+        ended = sum(1 for s, err in states if s is not ConsumerState.PROCESSING and err is None)
+        failed = [err for _, err in states if err is not None] + failures
+        if failed:
+            raise failed[0]  # type: ignore[misc]
+        without_reader = no_room + news - len(opens)
+        return PollOutcome(wanted=news - ended + no_room, opened=opened,
+                           why=_why_not_open(self._pool, self.counters, len(tasks) - len(done) + unconfirmed,
+                                             without_reader))
+
+
+def _why_not_open(pool: ReaderPool, counters: dict[str, int], still_opening: int, without_reader: int) -> str:
+    parts = []
+    if without_reader:
+        parts.append(f"{without_reader} leases had no room: {pool.starting()} readers still starting")
+    if pool.last_start_error is not None:
+        parts.append(f"{counters['reader_start_failures']} reader starts failed, the last with "
+                     f"{pool.last_start_error!r:.300}")
+    if still_opening:
+        parts.append(f"{still_opening} shards still opening (GetShardIterator or the lease table slow)")
+    return "; ".join(parts) or "no reason recorded"

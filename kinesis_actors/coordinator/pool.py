@@ -23,6 +23,7 @@ from typing import Any
 
 from ..backoff import Backoff
 from ..reader import ShardEvent
+from ..reader.timers import wait_event, wait_first
 from .handles import Launcher, ReaderGone, ReaderHandle, ReaderUnreachable
 from .tasks import Sleep, TaskSet
 
@@ -219,14 +220,13 @@ class ReaderPool:
         ping = asyncio.ensure_future(handle.ping())
         try:
             while True:
-                try:
-                    await asyncio.wait_for(asyncio.shield(ping), self._start_timeout_s)
+                if await wait_first({ping}, self._start_timeout_s, self._sleep):  # on the injected clock
+                    ping.result()  # raises what the ping raised
                     return
-                except asyncio.TimeoutError:
-                    if not self.ready():
-                        raise
-                    log.info("a reader is still starting after %.0f s; waiting for it (another answered)",
-                             self._start_timeout_s)
+                if not self.ready():
+                    raise TimeoutError(f"no answer within {self._start_timeout_s} s")
+                log.info("a reader is still starting after %.0f s; waiting for it (another answered)",
+                         self._start_timeout_s)
         finally:
             if not ping.done():
                 ping.cancel()
@@ -245,10 +245,7 @@ class ReaderPool:
                     return
             self.room.clear()
             self.grow(held + leases)
-            try:
-                await asyncio.wait_for(self.room.wait(), min(0.5, max(0.0, deadline - self._clock())))
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self.room, min(0.5, max(0.0, deadline - self._clock())), self._sleep)
 
     # ------------------------------------------------------------------ reports
     async def _watch(self, reader: PooledReader) -> None:

@@ -128,7 +128,7 @@ class ShardPipeline:
 
     def __init__(self, options: DeliveryOptions, deliver: DeliverBatch, checkpoint: Callable[[Record], Awaitable[None]],
                  *, max_records: int, clock: Callable[[], float],
-                 acked: Callable[[Sequence[Record]], None] | None = None,
+                 acked: Callable[[Sequence[Record]], object] | None = None,
                  stats: MutableMapping[str, Any] | None = None) -> None:
         limit = options.batch_limit(max_records)
         self._lanes = [_Lane(i, BatchGatherer(max_records=limit, max_bytes=options.max_batch_bytes,

@@ -117,8 +117,19 @@ def check_moto_shape(models: Any) -> None:
 
 
 def _install_shard_patch(models: Any) -> None:
+    """Replace moto's ``Shard`` storage and its record methods by the indexed ones (once)."""
     shard_cls = models.Shard
-    orig_init = shard_cls.__init__
+    shard_cls.__init__, shard_cls.records = _indexed_storage(shard_cls.__init__)
+    for func in (_indexed_put_record(models.Record), *_indexed_reads()):
+        func.__qualname__ = f"Shard.{func.__name__}"
+        func.__doc__ = f"kinesis_actors patch of moto's Shard.{func.__name__} (per-shard lock, O(log n) index)."
+        setattr(shard_cls, func.__name__, func)
+    setattr(shard_cls, _PATCH_MARK, True)
+
+
+def _indexed_storage(orig_init: Callable[..., None]) -> tuple[Callable[..., None], property]:
+    """A ``Shard.__init__`` that sets up the index (lock, records, sorted sequence numbers,
+    running max of arrivals), and a ``records`` property whose setter rebuilds the index."""
 
     @functools.wraps(orig_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -145,16 +156,28 @@ def _install_shard_patch(models: Any) -> None:
             self._ka_seqs = seqs
             self._ka_arrivals = arrivals
 
+    return __init__, property(_get_records, _set_records, doc="Records by sequence number (indexed).")
+
+
+def _indexed_put_record(record_cls: Any) -> Callable[..., str]:
+    """``Shard.put_record``: the next sequence number, appended to the index under the shard's lock."""
+
     def put_record(self: Any, partition_key: str, data: str, explicit_hash_key: str) -> str:
         with self._ka_lock:
             seqs = self._ka_seqs
             sequence_number = (seqs[-1] if seqs else 0) + 1
-            record = models.Record(partition_key, data, sequence_number, explicit_hash_key)
+            record = record_cls(partition_key, data, sequence_number, explicit_hash_key)
             self._ka_records[sequence_number] = record
             seqs.append(sequence_number)
             arrivals = self._ka_arrivals
             arrivals.append(max(arrivals[-1], record.created_at) if arrivals else record.created_at)
         return str(sequence_number)
+
+    return put_record
+
+
+def _indexed_reads() -> tuple[Callable[..., Any], ...]:
+    """``Shard.get_records`` and the sequence-number lookups, by bisection of the index."""
 
     def get_records(self: Any, last_sequence_id: str, limit: int | None) -> tuple[list[Any], int, int]:
         last_sequence_int = int(last_sequence_id)
@@ -186,13 +209,7 @@ def _install_shard_patch(models: Any) -> None:
             idx = bisect.bisect_left(self._ka_arrivals, at_timestamp)
             return self._ka_seqs[idx - 1] if idx > 0 else 0
 
-    shard_cls.__init__ = __init__
-    shard_cls.records = property(_get_records, _set_records, doc="Records by sequence number (indexed).")
-    for func in (put_record, get_records, get_min_sequence_number, get_max_sequence_number, get_sequence_number_at):
-        func.__qualname__ = f"Shard.{func.__name__}"
-        func.__doc__ = f"kinesis_actors patch of moto's Shard.{func.__name__} (per-shard lock, O(log n) index)."
-        setattr(shard_cls, func.__name__, func)
-    setattr(shard_cls, _PATCH_MARK, True)
+    return get_records, get_min_sequence_number, get_max_sequence_number, get_sequence_number_at
 
 
 def _self_test(models: Any) -> None:

@@ -23,6 +23,7 @@ digits, more than a DynamoDB number holds.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import re
 import threading
@@ -44,6 +45,12 @@ _CLIENT_LOCK = threading.Lock()  # boto3 sessions are not thread-safe when build
 
 _WAITER_DELAY_S = 1
 _WAITER_MAX_ATTEMPTS = 120
+
+
+@functools.cache
+def _method_name(operation: str) -> str:
+    """``"UpdateItem"`` -> ``"update_item"`` (the boto3 client method), computed once per operation."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", operation).lower()
 
 
 def _to_attr(value: Any) -> dict[str, Any]:
@@ -297,7 +304,7 @@ class DynamoLeaseStore(BaseLeaseStore):
         from botocore.exceptions import BotoCoreError, ClientError
 
         client = self._client_now()
-        method = getattr(client, re.sub(r"(?<!^)(?=[A-Z])", "_", operation).lower())
+        method = getattr(client, _method_name(operation))
         try:
             return method(**kwargs)
         except (ClientError, BotoCoreError) as e:

@@ -7,7 +7,9 @@ One plain class per role, each testable alone:
 * :mod:`.consumer`: :class:`ShardConsumer`, the state machine of one lease: open the
   shard, then GetRecords -> deliver -> acknowledge -> checkpoint, until it stops.
 * :mod:`.lease`: :class:`LeaseKeeper`, the consumer's fenced store writes, its renew loop
-  and its liveness (a stuck loop lets its lease lapse; a slow downstream never does).
+  and its liveness (a stuck loop lets its lease lapse; a slow downstream never does);
+  :class:`CheckpointPacer`, the acknowledged position not yet checkpointed, written at
+  most once per ``min_checkpoint_interval_s`` (always at close, handoff and failure).
 * :mod:`.delivery`: :class:`BatchDelivery`, the one place a batch goes downstream
   (retries with backoff, dead letters, ``SinkError``), returning a :class:`DeliveryResult`.
 * :mod:`.fetcher`: the :class:`Fetcher` protocol that polling
@@ -34,14 +36,14 @@ from .core import ShardEvent, ShardReaderCore
 from .delivery import BatchDelivery, DeliveryResult
 from .fetcher import Fetcher
 from .io import STUCK_CALL_S, ByteBudget, CallLimit, ReaderIo
-from .lease import LeaseKeeper
+from .lease import CheckpointPacer, LeaseKeeper
 from .spec import DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_THREADS, Deliver, ReaderSpec, kinesis_call_timeout_s
 from .states import TRANSITIONS, ConsumerState, Stop, StopReason
 
 __all__ = ["ConsumerState", "TRANSITIONS", "Stop", "StopReason", "ReaderSpec", "kinesis_call_timeout_s",
            "ShardConsumer", "ShardReaderCore", "ShardEvent", "ByteBudget", "CallLimit", "ReaderIo", "LeaseKeeper",
-           "BatchDelivery", "DeliveryResult", "Fetcher", "Deliver", "ShardReader", "DEFAULT_MAX_BUFFERED_BYTES",
-           "DEFAULT_THREADS", "FANOUT_BUDGET_DROP_S", "STOP_SLACK_S", "STUCK_CALL_S"]
+           "CheckpointPacer", "BatchDelivery", "DeliveryResult", "Fetcher", "Deliver", "ShardReader",
+           "DEFAULT_MAX_BUFFERED_BYTES", "DEFAULT_THREADS", "FANOUT_BUDGET_DROP_S", "STOP_SLACK_S", "STUCK_CALL_S"]
 
 _ACTOR: Any = None
 

@@ -4,7 +4,8 @@ Fault model (every invariant of SPEC.md holds per consumer, whatever else the pr
 
 * The checkpoint is written only after the downstream acknowledged the batch
   (:class:`~.delivery.BatchDelivery` says how far), so a crash anywhere re-delivers at
-  most the batch in flight (at-least-once).
+  most what was acknowledged since the last checkpoint (at-least-once); the
+  :class:`~.lease.CheckpointPacer` paces the writes (``min_checkpoint_interval_s``).
 * Store writes go through the consumer's :class:`~.lease.LeaseKeeper` (fenced, serialised).
 * A lost lease ends the consumer at once (``LOST``): nothing more is written, the batch
   in flight is not acknowledged. A consumer whose lease is in doubt renews it before
@@ -38,7 +39,7 @@ from .delivery import BatchDelivery
 from .fetcher import new_fetcher
 from .io import ByteBudget, ReaderIo, ToThreadIo
 from .lanes import process_in_lanes
-from .lease import LeaseKeeper
+from .lease import CheckpointPacer, LeaseKeeper
 from .reading import FANOUT_BUDGET_DROP_S, Reading
 from .spec import Deliver, ReaderSpec, Sleep
 from .states import TRANSITIONS, ConsumerState, Stop, StopReason
@@ -53,6 +54,28 @@ STOP_SLACK_S = 0.5
 hanging there is not awaited longer: it lands, or the lease expires)."""
 
 _S = ConsumerState
+
+
+def resume_position(lease: Lease) -> StartAt | None:
+    """Where ``lease`` says to open: after its checkpoint, else its recorded start position
+    (None: a first open, nothing recorded yet)."""
+    if lease.checkpoint and lease.checkpoint != SHARD_END:
+        return StartAt.after_sequence_number(lease.checkpoint, lease.checkpoint_sub_sequence)
+    if lease.start_position:
+        return StartAt.parse(lease.start_position)
+    return None
+
+
+def lag_ms(got: Fetched) -> int | None:
+    """``millis_behind_latest`` of a fetch: the service's figure, or the newest record's age
+    (wall clock against its ``ApproximateArrivalTimestamp``) if larger, in milliseconds."""
+    lag = got.millis_behind_latest
+    records = got.records
+    if records and records[-1].approximate_arrival_timestamp is not None:
+        # Emulators report 0 or a gap between records; the age of the newest record is honest.
+        age = int((time.time() - records[-1].approximate_arrival_timestamp.timestamp()) * 1000)
+        lag = max(int(lag or 0), age) if lag else age
+    return lag
 
 
 class ShardConsumer:
@@ -110,9 +133,8 @@ class ShardConsumer:
         self.reading = Reading(spec, self._io, budget, self.keeper, self.stats, clock=clock, sleep=sleep,
                                stopping=self._stopping, alive=self._alive)
         self._seek: tuple[StartAt, asyncio.Future[None]] | None = None  # a pending seek request
-        # Acknowledged but not yet checkpointed (min_checkpoint_interval_s > 0): (sequence, sub-sequence).
-        self._pending_checkpoint: tuple[str, int | None] | None = None
-        self._checkpointed_at = float("-inf")  # when the last checkpoint was written (injected clock, s)
+        self.checkpoints = CheckpointPacer(self.keeper, spec.min_checkpoint_interval_s, clock=clock,
+                                           sleep_alive=self.delivery.sleep_alive, stats=self.stats)
         self._task: asyncio.Task[Any] | None = None
         self._renew_task: asyncio.Task[None] | None = None
 
@@ -175,15 +197,6 @@ class ShardConsumer:
         return self._stop is not None
 
     # ---------------------------------------------------------------- INITIALIZING
-    def _position(self) -> StartAt | None:
-        """Where this lease says to open: after the checkpoint, else the recorded start position."""
-        lease = self.lease
-        if lease.checkpoint and lease.checkpoint != SHARD_END:
-            return StartAt.after_sequence_number(lease.checkpoint, lease.checkpoint_sub_sequence)
-        if lease.start_position:
-            return StartAt.parse(lease.start_position)
-        return None
-
     async def open(self) -> None:
         """``INITIALIZING``: record ``start_position`` on a first open, then fetch the first
         shard iterator (throttling is retried while the lease is held). Called by
@@ -202,7 +215,7 @@ class ShardConsumer:
             await self.keeper.write("release", lambda lease: store.release(lease))
             self._to(ConsumerState.SHARD_ENDED)
             return
-        position = self._position()
+        position = resume_position(self.lease)
         start = position
         if position is None:  # a first open: record where, resolved once
             start = recorded = spec.start_at
@@ -303,11 +316,11 @@ class ShardConsumer:
                 return
             if self._seek is not None:
                 await self._apply_seek()
-            await self._flush_checkpoint(due_only=True)
+            await self.checkpoints.flush(due_only=True)
             got = await self.reading.fetch(lambda: self._stopping() or self._seek is not None)
             if got is None:
                 continue
-            self._note_lag(got)
+            self.stats["millis_behind_latest"] = lag_ms(got)
             records, size = got.records, self.delivery.controls.batch_limit(self.spec.max_records)
             for start in range(0, len(records), size):
                 if self._stopping() or self._seek is not None:
@@ -319,7 +332,7 @@ class ShardConsumer:
                 return
 
     async def _shard_end(self) -> None:
-        self._pending_checkpoint = None  # SHARD_END is past every acknowledged record
+        self.checkpoints.clear()  # SHARD_END is past every acknowledged record
         store = self.keeper.store
         await self.keeper.write("checkpoint SHARD_END", lambda lease: store.checkpoint(lease, SHARD_END))
         self.stats["checkpoint"] = SHARD_END
@@ -332,7 +345,7 @@ class ShardConsumer:
         """Checkpoint what was acknowledged, then hand the lease to the asker, or release it
         (unless asked to keep it)."""
         try:  # close and handoff: the acknowledged records are checkpointed first
-            await self._flush_checkpoint()
+            await self.checkpoints.flush()
         except LeaseLostError:
             self._to(ConsumerState.LOST)
             return
@@ -364,7 +377,7 @@ class ShardConsumer:
     async def _release_after_failure(self) -> None:
         try:
             if self.keeper.lost is None:
-                await self._flush_checkpoint()
+                await self.checkpoints.flush()
                 await self.keeper.write("release", lambda lease: self.keeper.store.release(lease))
         except Exception as e:  # best effort after a fatal error: logged, the lease expires
             log.info("shard %s: release after the failure did not happen (%r); the lease will expire",
@@ -385,17 +398,7 @@ class ShardConsumer:
     # ---------------------------------------------------------------- delivery
     def _alive(self) -> None:
         self.keeper.alive()
-        reader_tick(self.spec, self.stats)  # metrics: per step, rate-limited, never per record
-
-    def _note_lag(self, got: Fetched) -> None:
-        """``millis_behind_latest``: the service's figure, or the newest record's age if larger."""
-        lag = got.millis_behind_latest
-        records = got.records
-        if records and records[-1].approximate_arrival_timestamp is not None:
-            # Emulators report 0 or a gap between records; the age of the newest record is honest.
-            age = int((time.time() - records[-1].approximate_arrival_timestamp.timestamp()) * 1000)
-            lag = max(int(lag or 0), age) if lag else age
-        self.stats["millis_behind_latest"] = lag
+        reader_tick(self.spec, self.stats, now=self._clock())  # metrics: per step, rate-limited (injected clock)
 
     async def _deliver_and_checkpoint(self, batch: Sequence[Record]) -> None:
         """The one place a batch goes downstream (one lane, no window): through the
@@ -423,24 +426,8 @@ class ShardConsumer:
 
     async def _checkpoint_after(self, last: Record) -> None:
         """``last`` and everything before it is acknowledged: checkpoint it (when due)."""
-        self._pending_checkpoint = (last.sequence_number, last.sub_sequence_number)
-        await self._flush_checkpoint(due_only=True)
-
-    async def _flush_checkpoint(self, *, due_only: bool = False) -> None:
-        """Write the checkpoint of the last acknowledged record, if not written yet. With
-        ``due_only``, only once ``min_checkpoint_interval_s`` passed since the last write
-        (always, when it is 0). Raises as :meth:`LeaseKeeper.checkpoint`."""
-        pending = self._pending_checkpoint
-        if pending is None:
-            return
-        if due_only and self._clock() - self._checkpointed_at < self.spec.min_checkpoint_interval_s:
-            return
-        await self.keeper.checkpoint(*pending, self.delivery.sleep_alive)
-        self._checkpointed_at = self._clock()
-        if self._pending_checkpoint == pending:
-            self._pending_checkpoint = None
-        self.stats["checkpoint"] = pending[0]
-        self.stats["checkpoints_written"] += 1
+        self.checkpoints.acknowledged(last.sequence_number, last.sub_sequence_number)
+        await self.checkpoints.flush(due_only=True)
 
     # ---------------------------------------------------------------- control
     async def stop(self, *, release: bool = True, grace_s: float = 5.0) -> None:
@@ -484,7 +471,7 @@ class ShardConsumer:
         try:
             at = position.to_str()
             await self.keeper.write("seek", lambda lease: self.keeper.store.set_start_position(lease, at))
-            self._pending_checkpoint = None
+            self.checkpoints.clear()
             self.stats["checkpoint"] = None
             fetcher.seek(position)
             log.info("shard %s: seek to %s", self.spec.shard_id, position)

@@ -107,7 +107,7 @@ class BatchDelivery:
         return await self.engine.deliver(batch, on_ack)
 
     def pipeline(self, checkpoint: Callable[[Record], Awaitable[None]],
-                 acked: Callable[[Sequence[Record]], None]) -> ShardPipeline:
+                 acked: Callable[[Sequence[Record]], object]) -> ShardPipeline:
         """The lanes of this shard: gather, up to ``parallelization_factor`` batches in flight."""
         return ShardPipeline(self.controls, self.engine.deliver, checkpoint, max_records=self.spec.max_records,
                              clock=self._clock, acked=acked, stats=self.stats)

@@ -4,6 +4,7 @@ Kinesis call limit (:class:`CallLimit`) and the byte budget (:class:`ByteBudget`
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import dataclasses
 import logging
@@ -15,7 +16,7 @@ from ..config import DEFAULT_MAX_SHARDS_PER_READER
 from ..errors import InvalidError
 from ..kinesis import GET_RECORDS_MAX_BYTES
 from .spec import DEFAULT_THREADS, Sleep
-from .timers import wait_event
+from .timers import wait_event, wait_first
 
 __all__ = ["CallLimit", "ReaderIo", "ByteBudget", "ToThreadIo", "STUCK_CALL_S"]
 
@@ -200,8 +201,12 @@ class ByteBudget:
     max_response``: the budget plus one response, whatever the number of shards
     (compare KCL's ``maxByteSize``, which bounds each shard's prefetch queue instead).
 
-    Bytes are counted as ``Fetched.bytes``: what each fetched batch's buffers hold
-    (:attr:`~kinesis_actors.batch.RecordBatch.nbytes`).
+    Fetches that find no room wait in arrival order; bytes given back wake only the
+    waiters the room now admits (in that order), not every waiter: with many shards at
+    the tip, each returning fetch used to wake all the others to find the budget full again.
+
+    Bytes are counted as :func:`~kinesis_actors.kinesis.record_bytes` (payload and
+    partition key), not Python object overhead.
 
     Args:
         limit: the budget, bytes (> 0).
@@ -222,29 +227,52 @@ class ByteBudget:
         self.peak = 0  # most bytes held at once
         self.waits = 0
         self._sleep = sleep
-        self._changed: asyncio.Event | None = None
+        self._waiters: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
 
-    def _event(self) -> asyncio.Event:
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        return self._changed
+    def _admits(self, amount: int, reserved: int) -> bool:
+        return self.used + reserved + amount <= self.limit or (reserved == 0 and self.used < self.limit)
 
     def try_reserve(self, amount: int | None = None) -> bool:
         """Reserve room for one fetch if the rule above admits it; True if it did.
         ``amount``: the most this fetch may bring, bytes (default ``max_response``)."""
         amount = self.max_response if amount is None else amount
-        room = self.used + self.reserved + amount <= self.limit
-        if room or (self.reserved == 0 and self.used < self.limit):
+        if self._admits(amount, self.reserved):
             self.reserved += amount
             return True
         return False
 
-    async def wait_changed(self, timeout_s: float) -> None:
-        """Wait until bytes are given back (or ``timeout_s`` seconds pass)."""
-        event = self._event()
-        event.clear()
+    async def wait_changed(self, timeout_s: float, amount: int | None = None) -> None:
+        """Wait until the budget may admit a fetch of ``amount`` bytes (default ``max_response``)
+        after bytes were given back, or ``timeout_s`` seconds pass; then call :meth:`try_reserve`
+        (another fetch may have taken the room first)."""
+        amount = self.max_response if amount is None else amount
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (future, amount)
+        self._waiters.append(entry)
         self.waits += 1
-        await wait_event(event, timeout_s, self._sleep)
+        try:
+            await wait_first({future}, timeout_s, self._sleep)
+        finally:
+            if not future.done():
+                future.cancel()
+                try:
+                    self._waiters.remove(entry)
+                except ValueError:
+                    pass
+
+    def _wake(self) -> None:
+        """Wake, in arrival order, the waiters the room now admits (as if each reserved in turn)."""
+        reserved = self.reserved
+        while self._waiters:
+            future, amount = self._waiters[0]
+            if future.done():  # timed out: its wait_changed removes it
+                self._waiters.popleft()
+                continue
+            if not self._admits(amount, reserved):
+                return
+            self._waiters.popleft()
+            reserved += amount
+            future.set_result(None)
 
     def settle(self, nbytes: int, amount: int | None = None) -> None:
         """A fetch that reserved ``amount`` (default ``max_response``) returned ``nbytes``
@@ -254,13 +282,13 @@ class ByteBudget:
         self.used += nbytes
         self.peak = max(self.peak, self.used)
         if nbytes < amount:
-            self._event().set()
+            self._wake()
 
     def release(self, nbytes: int) -> None:
         """``nbytes`` of held records were acknowledged or dropped."""
         if nbytes:
             self.used -= nbytes
-            self._event().set()
+            self._wake()
 
 
 class ToThreadIo:

@@ -16,7 +16,7 @@ before it reopens.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..delivery import ShardPipeline
@@ -35,6 +35,23 @@ async def _settle(consumer: ShardConsumer, lanes: ShardPipeline, step_s: float) 
         await lanes.wait(step_s)
 
 
+async def _drained(consumer: ShardConsumer, lanes: ShardPipeline, interrupted: Callable[[], bool],
+                   step_s: float) -> bool:
+    """Shard end: deliver everything gathered, wait until every lane's batches are
+    acknowledged; True once they are (False if stopped or asked to seek meanwhile)."""
+    while not lanes.idle and not interrupted():
+        consumer._alive()
+        lanes.dispatch(force=True)
+        await lanes.wait(step_s)
+    return lanes.idle and not interrupted()
+
+
+async def _reopen(consumer: ShardConsumer) -> None:
+    """A seek: the gathered records are dropped, their bytes given back, then it applies."""
+    consumer.reading.give_back()
+    await consumer._apply_seek()
+
+
 async def process_in_lanes(consumer: ShardConsumer) -> None:
     """``PROCESSING`` with lanes, until stopped or shard end (see the module docstring).
 
@@ -42,6 +59,8 @@ async def process_in_lanes(consumer: ShardConsumer) -> None:
         SinkError, LeaseLostError, KinesisError: as the one-lane loop (a lane's error is
             raised here; nothing is checkpointed past its records).
     """
+    from .consumer import lag_ms  # the consumer's module imports this one
+
     reading = consumer.reading
     # (position of the last record, budget bytes) of each fetched response not yet behind the
     # checkpoint: its bytes go back to the budget once every record of it is acknowledged
@@ -53,10 +72,7 @@ async def process_in_lanes(consumer: ShardConsumer) -> None:
         while responses and responses[0][0] <= position:
             reading.give_back(min(responses.popleft()[1], reading.held_bytes))
 
-    def acked(records: Sequence[Record]) -> None:
-        consumer._count_acked(records)
-
-    lanes = consumer.delivery.pipeline(checkpoint, acked)
+    lanes = consumer.delivery.pipeline(checkpoint, consumer._count_acked)
     step_s = max(0.05, consumer.spec.renew_interval_s / 2)
 
     def interrupted() -> bool:
@@ -72,9 +88,8 @@ async def process_in_lanes(consumer: ShardConsumer) -> None:
                 await _settle(consumer, lanes, step_s)
                 await lanes.cancel()
                 responses.clear()
-                reading.give_back()
-                await consumer._apply_seek()
-            await consumer._flush_checkpoint(due_only=True)
+                await _reopen(consumer)
+            await consumer.checkpoints.flush(due_only=True)
             lanes.dispatch()
             if not lanes.can_fetch():
                 await lanes.wait(step_s)
@@ -86,17 +101,12 @@ async def process_in_lanes(consumer: ShardConsumer) -> None:
             got = await reading.fetch(interrupted)
             if got is None:
                 continue
-            consumer._note_lag(got)
+            consumer.stats["millis_behind_latest"] = lag_ms(got)
             if len(got.records):
                 responses.append((got.records[-1].position, got.bytes))
             lanes.add(got.records)
-            if got.shard_end:
-                while not lanes.idle and not interrupted():
-                    consumer._alive()
-                    lanes.dispatch(force=True)
-                    await lanes.wait(step_s)
-                if lanes.idle and not interrupted():
-                    await consumer._shard_end()
-                    return
+            if got.shard_end and await _drained(consumer, lanes, interrupted, step_s):
+                await consumer._shard_end()
+                return
     finally:
         await lanes.cancel()

@@ -1,4 +1,5 @@
-"""The lease keeper of one consumer: fenced store writes, the renew loop, and liveness.
+"""The lease keeper of one consumer: fenced store writes, the renew loop, liveness, and
+the pacing of its checkpoint writes.
 
 * Every store write is conditional on the lease owner and counter (fencing). Writes are
   serialised and always use the latest :class:`~kinesis_actors.leases.protocol.Lease`; a
@@ -9,15 +10,22 @@
   lapse; a slow downstream never does.
 * Failing renewals (throttled, unreachable) are retried until the deadline (last
   successful write + ``renew_deadline_s``); then the lease counts as lost.
+* Checkpoints (:class:`CheckpointPacer`): only acknowledged positions are written. A
+  periodic flush (``due_only``) writes at most once per ``min_checkpoint_interval_s``
+  (every acknowledged batch, when it is 0); a forced flush (close, handoff, failure)
+  always writes what is pending. ``SHARD_END`` and a seek drop what is pending (each
+  writes its own position). A lost lease drops it too: the next owner resumes at the
+  stored checkpoint, so every record acknowledged since is delivered again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..backoff import Backoff
@@ -26,11 +34,23 @@ from ..leases.protocol import Lease, LeaseStore
 from .io import ReaderIo, ToThreadIo
 from .spec import ReaderSpec, Sleep
 
-__all__ = ["LeaseKeeper", "CHECKPOINT_BACKOFF"]
+__all__ = ["LeaseKeeper", "CheckpointPacer", "CHECKPOINT_BACKOFF"]
 
 log = logging.getLogger("kinesis_actors.reader")
 
 CHECKPOINT_BACKOFF = Backoff(base_s=0.2, cap_s=5.0, floor_s=0.05)
+
+RENEW_SLOT_S = 0.25
+"""Renewals fall due on a grid of this many seconds of the monotonic clock (at most a tenth of
+the renew interval): the consumers of one process due in the same slot wake together, and their
+lease-store calls overlap, so MemoryLeaseStore's group commit carries them in a few actor calls."""
+
+
+def renewal_slot(due: float, renew_interval_s: float) -> float:
+    """``due`` (monotonic s) rounded up to the renewal grid (:data:`RENEW_SLOT_S`, at most a
+    tenth of ``renew_interval_s``): a renewal is late by less than one slot."""
+    slot = min(RENEW_SLOT_S, renew_interval_s / 10)
+    return math.ceil(due / slot) * slot
 """Waits between attempts of a checkpoint or renewal the store failed transiently (capped by the renew interval)."""
 
 Write = Callable[[Lease], "Lease | None"]
@@ -222,8 +242,9 @@ class LeaseKeeper:
     # ------------------------------------------------------------------ renew loop
     async def renew_loop(self) -> None:
         """Renew every ``renew_interval_s`` after the last successful write while the loop is
-        alive, until the lease is lost. The first renewal is spread over half an interval,
-        so consumers opened together do not renew in one burst forever after."""
+        alive, until the lease is lost, each on the grid of :func:`renewal_slot`. The first
+        renewal is spread over half an interval, so consumers opened together do not renew in
+        one burst forever after (they share slots, not one instant)."""
         spec = self.spec
         first, failures = True, 0
         while self.lost is None:
@@ -231,7 +252,7 @@ class LeaseKeeper:
             if first:
                 due += self._rng() * spec.renew_interval_s / 2
                 first = False
-            await self._sleep(max(0.0, due - self._clock()))
+            await self._sleep(max(0.0, renewal_slot(due, spec.renew_interval_s) - self._clock()))
             now = self._clock()
             silent = now - self.last_sign_of_life()
             if silent > spec.lease_duration_s:  # the loop is stuck (a hung call): let the lease lapse
@@ -255,3 +276,55 @@ class LeaseKeeper:
                 log.info("shard %s: renew failed (%r); retrying", spec.shard_id, e)
                 await self._sleep(min(CHECKPOINT_BACKOFF.delay_s(failures, rng=self._rng), spec.renew_interval_s / 3,
                                       1.0))
+
+
+class CheckpointPacer:
+    """The acknowledged-but-not-checkpointed position of one lease, and when to write it.
+
+    Args:
+        keeper: the consumer's :class:`LeaseKeeper` (its fenced, retried
+            :meth:`LeaseKeeper.checkpoint` write).
+        interval_s: ``min_checkpoint_interval_s``, seconds (>= 0; 0: every acknowledged batch).
+        clock: monotonic seconds (the consumer's injected clock).
+        sleep_alive: ``async sleep_alive(seconds)`` for the keeper's retry waits (keeps the
+            loop's heartbeat going while it waits).
+        stats: the consumer's stats dict (``checkpoint`` and ``checkpoints_written`` are kept there).
+    """
+
+    def __init__(self, keeper: LeaseKeeper, interval_s: float, *, clock: Callable[[], float],
+                 sleep_alive: Callable[[float], Awaitable[Any]], stats: dict[str, Any]) -> None:
+        self._keeper = keeper
+        self._interval_s = interval_s
+        self._clock = clock
+        self._sleep_alive = sleep_alive
+        self._stats = stats
+        self.pending: tuple[str, int | None] | None = None  # (sequence, sub-sequence) acknowledged, not written
+        self._written_at = float("-inf")  # when the last checkpoint was written (injected clock, s)
+
+    def acknowledged(self, sequence_number: str, sub_sequence: int | None) -> None:
+        """The downstream acknowledged every record up to this one: it may be checkpointed."""
+        self.pending = (sequence_number, sub_sequence)
+
+    def clear(self) -> None:
+        """Drop what is pending (``SHARD_END`` or a seek writes its own position instead)."""
+        self.pending = None
+
+    async def flush(self, *, due_only: bool = False) -> None:
+        """Write the checkpoint of the last acknowledged record, if not written yet. With
+        ``due_only``, only once ``min_checkpoint_interval_s`` passed since the last write
+        (always, when it is 0).
+
+        Raises:
+            LeaseLostError, KinesisError: as :meth:`LeaseKeeper.checkpoint`.
+        """
+        pending = self.pending
+        if pending is None:
+            return
+        if due_only and self._clock() - self._written_at < self._interval_s:
+            return
+        await self._keeper.checkpoint(*pending, self._sleep_alive)
+        self._written_at = self._clock()
+        if self.pending == pending:
+            self.pending = None
+        self._stats["checkpoint"] = pending[0]
+        self._stats["checkpoints_written"] += 1

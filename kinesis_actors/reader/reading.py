@@ -120,7 +120,7 @@ class Reading:
             return False
         since = self._clock()
         while not budget.try_reserve(amount):
-            await budget.wait_changed(max(0.05, min(self.spec.renew_interval_s / 2, FANOUT_BUDGET_DROP_S)))
+            await budget.wait_changed(max(0.05, min(self.spec.renew_interval_s / 2, FANOUT_BUDGET_DROP_S)), amount)
             self._alive()
             fetcher = self.fetcher
             if fetcher is not None and fetcher.has_iterator and self._clock() - since >= FANOUT_BUDGET_DROP_S \

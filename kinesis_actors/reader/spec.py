@@ -6,14 +6,12 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from ..config import DEFAULT_MAX_BUFFERED_BYTES, KinesisStream
 from ..delivery.options import DeliveryOptions
 from ..records import Record, StartAt
 
 __all__ = ["ReaderSpec", "kinesis_call_timeout_s", "Deliver", "Sleep", "DEFAULT_MAX_BUFFERED_BYTES",
            "DEFAULT_THREADS"]
-
-DEFAULT_MAX_BUFFERED_BYTES = 64 * 2**20
-"""Default byte budget of one reader process (``KinesisStream.max_buffered_bytes``), bytes."""
 
 DEFAULT_THREADS = 16
 """Threads (and HTTP connections) of each of a reader's two pools: Kinesis and lease store."""
@@ -53,13 +51,13 @@ class ReaderSpec:
     lease_duration_s: float
     renew_interval_s: float
     ending_sequence_number: str | None = None
-    max_records: int = 10_000
-    idle_wait_s: float = 0.25
-    max_idle_wait_s: float = 1.0
-    max_sink_retries: int = 5
+    max_records: int = KinesisStream.max_records  # the defaults are KinesisStream's, written once
+    idle_wait_s: float = KinesisStream.idle_wait_s
+    max_idle_wait_s: float = KinesisStream.max_idle_wait_s
+    max_sink_retries: int = KinesisStream.max_sink_retries
     dead_letter: Any = None
     consumer_arn: str | None = None
-    min_checkpoint_interval_s: float = 0.0
+    min_checkpoint_interval_s: float = KinesisStream.min_checkpoint_interval_s
     delivery: DeliveryOptions | None = None
 
     @property

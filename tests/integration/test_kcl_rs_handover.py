@@ -11,7 +11,7 @@ emulator:
    then ``close()`` releases every lease as KCL's ``evictLease`` does;
 3. a new kcl-rs worker continues from our checkpoints: every later record, none before.
 
-Slow (kcl-rs's start, about 5 s on rows that exist, twice; Ray's start): marked ``slow``
+Slow (kcl-rs's start, about 5 s on rows that exist, twice; Ray's start): marked ``slow`` and ``bench_harness`` (the bench-harness CI stage)
 and staged like ``test_bench_peer_kcl_rs.py``, which shares its kcl-rs virtualenv fixture.
 """
 
@@ -114,6 +114,7 @@ def _ours_read(ours_in: str, endpoint: str, stream: str, app: str, expect: set[b
 
 
 @pytest.mark.slow
+@pytest.mark.bench_harness
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("ours_in", ["ray", "in_process"])
 def test_kcl_rs_to_ours_and_back_loses_nothing_and_redelivers_nothing(

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import weakref
 from typing import Any
 
 import pytest
@@ -14,7 +14,7 @@ from kinesis_actors import SHARD_END, InvalidError, KinesisStream, StartAt, Stre
 from kinesis_actors.fanout import MIN_SUBSCRIBE_SPACING_S, FanOutFetcher, parse_event_payload
 from kinesis_actors.kinesis import Fetched
 from kinesis_actors.reader import ByteBudget, ConsumerState, ReaderSpec, ShardConsumer
-from kinesis_actors.testing import FakeClock, FakeShard, InProcessLeaseStore, encode_event_frame
+from kinesis_actors.testing import FakeClock, FakeShard, InlineIo, InProcessLeaseStore, encode_event_frame
 
 STREAM, SHARD, ARN = "s", "shardId-000000000000", "arn:aws:kinesis:us-east-1:0:stream/s/consumer/app:1"
 
@@ -157,23 +157,36 @@ def test_a_kpl_position_resubscribes_at_the_aggregate_and_skips_what_was_returne
 
 
 # ------------------------------------------------------------------ the read loop over fan-out
+_CLOCKS: weakref.WeakKeyDictionary[ShardConsumer, FakeClock] = weakref.WeakKeyDictionary()
+
+
 def make_consumer(shard: FakeShard, store: InProcessLeaseStore, deliver: Any, *, start_at: StartAt | None = None,
-                  budget: ByteBudget | None = None, lease_duration_s: float = 2.0) -> ShardConsumer:
+                  budget: ByteBudget | None = None, lease_duration_s: float = 2.0,
+                  clock: FakeClock | None = None) -> ShardConsumer:
+    """A fan-out consumer on a FakeClock, its calls inline; each subscription read waits
+    ``shard.event_interval_s`` of fake time (the service pushing events over time)."""
+    clock = clock or FakeClock()
+    interval, shard.event_interval_s = shard.event_interval_s, 0.0
     lease = store.take(STREAM, SHARD, owner="me", duration_s=lease_duration_s)
     assert lease is not None
     spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=start_at or StartAt.trim_horizon(),
                       lease_duration_s=lease_duration_s, renew_interval_s=0.2, consumer_arn=ARN)
-    return ShardConsumer(spec, lease, store, deliver, shard, budget=budget)
+    io = InlineIo(clock, delay_s=lambda pool, args: interval if pool == "stream" else 0.0)
+    consumer = ShardConsumer(spec, lease, store, deliver, shard, budget=budget, clock=clock, sleep=clock.sleep,
+                             io=io)  # type: ignore[arg-type]
+    _CLOCKS[consumer] = clock
+    return consumer
 
 
 class Recorder:
-    def __init__(self, hold_s: float = 0.0) -> None:
+    def __init__(self, hold_s: float = 0.0, sleep: Any = None) -> None:
         self.batches: list[list[Any]] = []
         self.hold_s = hold_s
+        self.sleep = sleep
 
     async def __call__(self, records: list[Any]) -> None:
         if self.hold_s:
-            await asyncio.sleep(self.hold_s)
+            await self.sleep(self.hold_s)
         self.batches.append(records)
 
     @property
@@ -181,15 +194,24 @@ class Recorder:
         return [int(r.sequence_number) for b in self.batches for r in b]
 
 
+async def until(clock: FakeClock, cond: Any, within_s: float = 5.0) -> None:
+    """Drive ``clock`` in 10 ms steps until ``cond()``; AssertionError after ``within_s`` of fake time."""
+    await clock.until(cond, within_s=within_s)
+
+
+async def finish(clock: FakeClock, work: Any, within_s: float = 5.0) -> Any:
+    """Drive ``clock`` until ``work`` is done; its result."""
+    return await clock.finish(work, within_s=within_s)
+
+
 async def run_until(consumer: ShardConsumer, cond: Any, timeout_s: float = 5.0) -> ConsumerState:
+    clock = _CLOCKS[consumer]
     task = asyncio.create_task(consumer.run())
-    deadline = time.monotonic() + timeout_s
-    while not cond() and not task.done():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
+    await until(clock, lambda: cond() or task.done(), timeout_s)
     if not task.done():
-        await consumer.stop()
-    return await task
+        await finish(clock, consumer.stop())
+    state: ConsumerState = await finish(clock, task)
+    return state
 
 
 def test_the_loop_delivers_subscribed_events_and_checkpoints_after_each_ack() -> None:
@@ -201,34 +223,36 @@ def test_the_loop_delivers_subscribed_events_and_checkpoints_after_each_ack() ->
 
 
 def test_a_dropped_connection_mid_batch_redelivers_nothing_and_skips_nothing() -> None:
-    shard, store, sink = FakeShard(5), InProcessLeaseStore(), Recorder(hold_s=0.05)
+    clock = FakeClock()
+    shard, store, sink = FakeShard(5), InProcessLeaseStore(clock=clock), Recorder(hold_s=0.05, sleep=clock.sleep)
     shard.stream_faults = [None, "drop", None, "drop-mid-event"]
-    consumer = make_consumer(shard, store, sink)
+    consumer = make_consumer(shard, store, sink, clock=clock)
 
     async def scenario() -> ConsumerState:
         task = asyncio.create_task(consumer.run())
-        while len(sink.seqs) < 5:
-            await asyncio.sleep(0.01)
+        await until(clock, lambda: len(sink.seqs) >= 5)
         shard.add(5)  # arrives while the connection drops twice
-        while len(sink.seqs) < 10 or shard.stream_faults or consumer.stats["subscription_drops"] < 2:
-            await asyncio.sleep(0.01)
-        await consumer.stop()
-        return await task
+        await until(clock, lambda: len(sink.seqs) >= 10 and not shard.stream_faults
+                    and consumer.stats["subscription_drops"] >= 2, within_s=15)
+        await finish(clock, consumer.stop())
+        state: ConsumerState = await finish(clock, task)
+        return state
 
-    assert asyncio.run(asyncio.wait_for(scenario(), 15)) == ConsumerState.CLOSED
+    assert asyncio.run(scenario()) == ConsumerState.CLOSED
     assert sink.seqs == list(range(1, 11)), "every record once, in order"
     assert consumer.stats["subscription_drops"] == 2 and store.get(STREAM, SHARD).checkpoint == "10"
 
 
 def test_child_shards_write_shard_end_only_after_the_last_batch_is_acknowledged() -> None:
-    shard, store = FakeShard(6, closed=True), InProcessLeaseStore()
+    clock = FakeClock()
+    shard, store = FakeShard(6, closed=True), InProcessLeaseStore(clock=clock)
     checkpoints: list[str | None] = []
 
     async def deliver(records: list[Any]) -> None:
-        await asyncio.sleep(0.05)
+        await clock.sleep(0.05)
         checkpoints.append(store.get(STREAM, SHARD).checkpoint)
 
-    consumer = make_consumer(shard, store, deliver)
+    consumer = make_consumer(shard, store, deliver, clock=clock)
     assert asyncio.run(run_until(consumer, lambda: False)) == ConsumerState.SHARD_ENDED
     assert checkpoints == [None], "SHARD_END was not written while the last batch was in flight"
     row = store.get(STREAM, SHARD)
@@ -239,17 +263,18 @@ def test_a_lost_lease_ends_the_subscription_at_once_and_writes_nothing_more() ->
     shard, store, sink = FakeShard(5), InProcessLeaseStore(), Recorder()
     shard.event_interval_s = 0.05
     consumer = make_consumer(shard, store, sink)
+    clock = _CLOCKS[consumer]
 
     async def scenario() -> ConsumerState:
         task = asyncio.create_task(consumer.run())
-        while consumer.lease.checkpoint != "5":
-            await asyncio.sleep(0.01)
+        await until(clock, lambda: consumer.lease.checkpoint == "5")
         thief = store.peer()
         row = thief.get(STREAM, SHARD)
         assert thief._update(row.key, row.owner, row.counter,
                              {"lease_owner": "thief", "lease_counter": row.counter + 1}) is not None
         shard.add(5)
-        return await asyncio.wait_for(task, 3.0)
+        state: ConsumerState = await finish(clock, task, 3.0)
+        return state
 
     assert asyncio.run(scenario()) == ConsumerState.LOST
     assert not shard.open_subscriptions, "the subscription is closed"
@@ -263,7 +288,7 @@ def test_latest_is_pinned_as_a_timestamp_and_subscribes_at_latest() -> None:
     consumer = make_consumer(shard, store, sink, start_at=StartAt.latest())
 
     async def scenario() -> ConsumerState:
-        await consumer.open()
+        await finish(_CLOCKS[consumer], consumer.open())
         assert consumer.state is ConsumerState.PROCESSING and shard.subscriptions == [{"Type": "LATEST"}]
         shard.add(2)
         return await run_until(consumer, lambda: len(sink.seqs) == 2)
@@ -274,25 +299,24 @@ def test_latest_is_pinned_as_a_timestamp_and_subscribes_at_latest() -> None:
 
 
 def test_a_full_byte_budget_drops_the_subscription_and_resubscribes_after_the_last_ack() -> None:
-    shard, store, sink = FakeShard(4), InProcessLeaseStore(), Recorder()
-    budget = ByteBudget(1000, max_response=1000)
-    consumer = make_consumer(shard, store, sink, budget=budget)
+    clock = FakeClock()
+    shard, store, sink = FakeShard(4), InProcessLeaseStore(clock=clock), Recorder()
+    budget = ByteBudget(1000, max_response=1000, sleep=clock.sleep)  # waits for room on the fake clock
+    consumer = make_consumer(shard, store, sink, budget=budget, clock=clock)
 
     async def scenario() -> ConsumerState:
         task = asyncio.create_task(consumer.run())
-        while len(sink.seqs) < 4:
-            await asyncio.sleep(0.01)
+        await until(clock, lambda: len(sink.seqs) >= 4)
         budget.used += 1000  # another shard of this process holds the whole budget
-        while consumer.stats["budget_drops"] < 1 or shard.open_subscriptions:  # dropped while full
-            await asyncio.sleep(0.01)
+        await until(clock, lambda: consumer.stats["budget_drops"] >= 1 and not shard.open_subscriptions)  # dropped while full
         shard.add(3)
         budget.release(1000)
-        while len(sink.seqs) < 7:
-            await asyncio.sleep(0.01)
-        await consumer.stop()
-        return await task
+        await until(clock, lambda: len(sink.seqs) >= 7)
+        await finish(clock, consumer.stop())
+        state: ConsumerState = await finish(clock, task)
+        return state
 
-    assert asyncio.run(asyncio.wait_for(scenario(), 15)) == ConsumerState.CLOSED
+    assert asyncio.run(scenario()) == ConsumerState.CLOSED
     assert sink.seqs == list(range(1, 8))
     assert shard.subscriptions[-1] == {"Type": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": "4"}
     assert budget.used == 0 and budget.reserved == 0

@@ -10,6 +10,7 @@ import hashlib
 import pickle
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,7 +26,7 @@ from kinesis_actors.kinesis import list_shards
 from kinesis_actors.leases.protocol import SHARD_END
 from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer, ShardEvent
 from kinesis_actors.records import KPL_MAGIC, StartAt, records_from_response
-from kinesis_actors.testing import FakeKinesis, FakeShard, Fault, FaultInjector, InProcessLeaseStore, client_error
+from kinesis_actors.testing import FakeClock, FakeKinesis, FakeShard, Fault, FaultInjector, InlineIo, InProcessLeaseStore, client_error
 
 STREAM = "s"
 NOWHERE = "http://127.0.0.1:9"  # nothing listens: an injected fault never reaches the network
@@ -64,10 +65,9 @@ def test_fault_injector_hang_and_botocore_retries(tmp_path: Path) -> None:
     faults = FaultInjector.create(tmp_path)
     settings = AwsSettings(endpoint=NOWHERE, test_credentials=True, faults=faults)
     faults.set(Fault("DescribeStreamSummary", hang=True))
-    started = time.monotonic()
-    with pytest.raises(ReadTimeoutError):
+    with pytest.raises(ReadTimeoutError):  # a real socket read timeout (0.3 s), no retry
         settings.client("kinesis", read_timeout_s=0.3, max_attempts=0).describe_stream_summary(StreamName=STREAM)
-    assert 0.3 <= time.monotonic() - started < 2.0
+    assert len(faults.calls("DescribeStreamSummary")) == 1, "max_attempts=0: the hung call is not retried"
     faults.set(Fault("ListShards", error="ProvisionedThroughputExceededException"))
     with pytest.raises(ClientError):
         settings.client("kinesis", max_attempts=2).list_shards(StreamName=STREAM)
@@ -258,80 +258,98 @@ def test_rows_of_another_incarnation_finish_no_parent_and_are_restarted() -> Non
 
 # ----------------------------------------------------------------------------- reader: stuck, throttled
 def reader(fake: FakeShard, store: InProcessLeaseStore, *, lease_s: float, renew_s: float,
-           start_at: StartAt | None = None) -> ShardConsumer:
+           start_at: StartAt | None = None, clock: FakeClock | None) -> ShardConsumer:
+    """A consumer on ``clock`` (its clock and sleep; ``fake.calls`` on it too), its calls inline;
+    ``clock=None``: the wall clock and real threads."""
     lease = store.take(STREAM, "shardId-0", owner="me", duration_s=lease_s)
     spec = ReaderSpec(stream=STREAM, shard_id="shardId-0", owner_id="me", start_at=start_at or StartAt.trim_horizon(),
                       lease_duration_s=lease_s, renew_interval_s=renew_s, idle_wait_s=0.01)
 
     async def deliver(records: list[Any]) -> None: ...
 
-    return ShardConsumer(spec, lease, store, deliver, fake)
+    if clock is None:
+        return ShardConsumer(spec, lease, store, deliver, fake)
+    fake.clock = clock
+    return ShardConsumer(spec, lease, store, deliver, fake, clock=clock, sleep=clock.sleep,
+                         io=InlineIo(clock))  # type: ignore[arg-type]
+
+
+async def drive(clock: FakeClock, work: Any, within_s: float = 10.0) -> Any:
+    """Drive ``clock`` in 10 ms steps until ``work`` is done (AssertionError after ``within_s`` of fake time)."""
+    return await clock.finish(work, within_s=within_s)
 
 
 def test_a_stuck_get_records_stops_renewing_and_the_reader_gives_the_lease_up() -> None:
+    """The one reader test on real threads: a GetRecords call stuck inside its thread after
+    it started (InlineIo has no thread to be stuck in). Its wait has a deadline; no elapsed
+    time is asserted."""
     fake, store = FakeShard(), InProcessLeaseStore()
-    core = reader(fake, store, lease_s=0.6, renew_s=0.1)
+    core = reader(fake, store, lease_s=0.6, renew_s=0.1, clock=None)
     fake.faults = [None, "hang"]
 
-    async def scenario() -> tuple[str, float]:
+    async def scenario() -> str:
         await core.open()
-        started = time.monotonic()
         try:
-            outcome = await asyncio.wait_for(core.run(), 10)
+            outcome: str = await asyncio.wait_for(core.run(), 10)
         finally:
             fake.release.set()  # let the stuck worker thread go (the actor would simply be killed)
-        return outcome, time.monotonic() - started
+        return outcome
 
-    outcome, took = asyncio.run(scenario())
-    assert outcome == ConsumerState.LOST
-    assert took < 3.0, "gave up within about one lease duration"
+    assert asyncio.run(scenario()) == ConsumerState.LOST
     row = store.get(STREAM, "shardId-0")
     assert row.owner == "me" and row.counter == core.lease.counter, "nothing written after it went silent"
 
 
 def test_long_throttling_backoff_keeps_the_lease() -> None:
-    fake, store = FakeShard(), InProcessLeaseStore()
-    core = reader(fake, store, lease_s=0.5, renew_s=0.1)
+    clock = FakeClock()
+    fake, store = FakeShard(), InProcessLeaseStore(clock=clock)
+    core = reader(fake, store, lease_s=0.5, renew_s=0.1, clock=clock)
     fake.faults = ["ProvisionedThroughputExceededException"] * 4  # waits ~0.3 + 0.6 + 1.2 + 2.4 s, > the lease
 
     async def scenario() -> None:
-        await core.open()
+        await drive(clock, core.open())
         task = asyncio.create_task(core.run())
+        end = clock() + 20
         while len(fake.calls) < 6 and not task.done():
-            await asyncio.sleep(0.02)
+            assert clock() < end, "6 GetRecords calls within 20 s of the fake clock"
+            await clock.run_for(0.02)
         assert not task.done(), f"the reader stopped: {task.result()}"
-        await core.stop()
-        assert await task == ConsumerState.CLOSED
+        await drive(clock, core.stop())
+        assert await drive(clock, task) == ConsumerState.CLOSED
 
-    asyncio.run(asyncio.wait_for(scenario(), 20))
+    asyncio.run(scenario())
     gaps = [b - a for a, b in zip(fake.calls, fake.calls[1:])]
     assert gaps[1] >= 0.2 and gaps[4] < gaps[3], "backoff grew, then reset after a success"
     assert core.stats["throttles"] == 4 and store.get(STREAM, "shardId-0").owner is None  # released at stop
 
 
 def test_throttled_get_shard_iterator_is_retried_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake, store = FakeShard(), InProcessLeaseStore()
-    core = reader(fake, store, lease_s=2.0, renew_s=0.5)
+    clock = FakeClock()
+    fake, store = FakeShard(), InProcessLeaseStore(clock=clock)
+    core = reader(fake, store, lease_s=2.0, renew_s=0.5, clock=clock)
     monkeypatch.setattr(kinesis_module, "backoff_s", lambda attempt, rng=None: 0.01)
     fake.iterator_faults = ["LimitExceededException"] * 12
-    asyncio.run(core.open())
+    asyncio.run(drive(clock, core.open()))
     assert len(fake.iterator_requests) == 13 and core.stats["throttles"] == 12
 
 
 def test_expired_iterator_before_any_ack_after_latest_reopens_at_the_recorded_timestamp() -> None:
-    fake, store = FakeShard(), InProcessLeaseStore()
-    core = reader(fake, store, lease_s=2.0, renew_s=0.5, start_at=StartAt.latest())
+    clock = FakeClock()
+    fake, store = FakeShard(), InProcessLeaseStore(clock=clock)
+    core = reader(fake, store, lease_s=2.0, renew_s=0.5, start_at=StartAt.latest(), clock=clock)
     fake.faults = ["ExpiredIteratorException"]
 
     async def scenario() -> None:
-        await core.open()
+        await drive(clock, core.open())
         task = asyncio.create_task(core.run())
+        end = clock() + 10
         while len(fake.iterator_requests) < 2:
-            await asyncio.sleep(0.01)
-        await core.stop()
-        await task
+            assert clock() < end, "the iterator reopened within 10 s of the fake clock"
+            await clock.run_for(0.01)
+        await drive(clock, core.stop())
+        await drive(clock, task)
 
-    asyncio.run(asyncio.wait_for(scenario(), 10))
+    asyncio.run(scenario())
     recorded = StartAt.parse(store.get(STREAM, "shardId-0").start_position)
     assert fake.iterator_requests[0]["ShardIteratorType"] == "LATEST"
     assert fake.iterator_requests[1] == recorded.iterator_args()
@@ -357,13 +375,15 @@ def test_limit_exceeded_on_list_shards_is_retried_within_the_deadline(monkeypatc
                 raise client_error("LimitExceededException", "ListShards")
             return {"Shards": [shard("shardId-0")]}
 
+    clock = FakeClock()  # call_with_retry's time.monotonic and time.sleep, on fake time
+    monkeypatch.setattr(kinesis_module, "time", SimpleNamespace(monotonic=clock, sleep=clock.advance))
     client = Throttled(3)
     assert [s.shard_id for s in list_shards(client, STREAM, deadline_s=10)] == ["shardId-0"] and client.calls == 4
-    started = time.monotonic()
+    started = clock()
     with pytest.raises(KinesisError) as e:
         list_shards(Throttled(10_000), STREAM, deadline_s=0.5)
     assert e.value.retriable and e.value.aws_code == "LimitExceededException"
-    assert time.monotonic() - started < 2.0
+    assert clock() - started < 2.0
 
 
 def test_kpl_magic_with_a_bad_checksum_or_body_is_one_plain_record() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from kinesis_actors import StartAt, metrics
 from kinesis_actors.reader import ReaderSpec, ShardConsumer
-from kinesis_actors.testing import FakeShard, InProcessLeaseStore
+from kinesis_actors.testing import FakeClock, FakeShard, InlineIo, InProcessLeaseStore
 
 STREAM, SHARD = "s", "shardId-000000000000"
 
@@ -73,13 +73,15 @@ def test_checkpoint_age_is_noted_in_stats_and_exported(sink: RecordingSink) -> N
     stats: dict[str, Any] = {"records": 0, "checkpoint": "4"}
     metrics.reader_tick(SPEC, stats, now=50.0)
     assert stats["checkpoint_age_s"] == 0
-    metrics.reader_tick(SPEC, stats, now=53.0)
-    assert stats["checkpoint_age_s"] == 3.0 and sink.gauge("checkpoint_age_s", **TAGS) == 3.0
+    later = 50.0 + metrics.EXPORT_INTERVAL_S + 3.0
+    metrics.reader_tick(SPEC, stats, now=later)
+    age = later - 50.0
+    assert stats["checkpoint_age_s"] == age and sink.gauge("checkpoint_age_s", **TAGS) == age
     stats["checkpoint"] = "9"
-    metrics.reader_tick(SPEC, stats, now=54.0)
+    metrics.reader_tick(SPEC, stats, now=later + 1.0)
     assert stats["checkpoint_age_s"] == 0
-    metrics.reader_tick(SPEC, stats, now=55.5)
-    assert stats["checkpoint_age_s"] == 1.5
+    metrics.reader_tick(SPEC, stats, now=later + 2.5)  # within the interval: noted in stats, not exported
+    assert stats["checkpoint_age_s"] == 1.5 and sink.gauge("checkpoint_age_s", **TAGS) == age
 
 
 def test_a_shard_with_no_checkpoint_has_no_age_and_exports_none(sink: RecordingSink) -> None:
@@ -95,7 +97,7 @@ def test_a_shard_with_no_checkpoint_has_no_age_and_exports_none(sink: RecordingS
 
 def test_restarted_figures_count_from_zero(sink: RecordingSink) -> None:
     metrics.reader_tick(SPEC, {"records": 40}, now=1.0)
-    metrics.reader_tick(SPEC, {"records": 5}, now=2.0)  # a new reader for the shard in this process
+    metrics.reader_tick(SPEC, {"records": 5}, now=2.0 + metrics.EXPORT_INTERVAL_S)  # a new reader for the shard here
     assert sink.counter("records_delivered", **TAGS) == 45
 
 
@@ -134,8 +136,11 @@ def test_without_ray_nothing_is_exported_but_stats_get_the_age() -> None:
     assert stats["checkpoint_age_s"] >= 0
 
 
-def test_the_reader_calls_the_hook_and_stats_carry_the_exported_figures(sink: RecordingSink) -> None:
-    store = InProcessLeaseStore()
+def test_the_reader_calls_the_hook_and_stats_carry_the_exported_figures(sink: RecordingSink,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "EXPORT_INTERVAL_S", 0.5)
+    clock = FakeClock()  # the reader's clock, sleep and export interval; its calls inline
+    store = InProcessLeaseStore(clock=clock)
     lease = store.take(STREAM, SHARD, owner="me", duration_s=2.0)
     spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=StartAt.trim_horizon(),
                       lease_duration_s=2.0, renew_interval_s=0.2, max_records=7, idle_wait_s=0.01)
@@ -144,18 +149,21 @@ def test_the_reader_calls_the_hook_and_stats_carry_the_exported_figures(sink: Re
     async def deliver(records: list[Any]) -> None:
         delivered.extend(records)
 
-    reader = ShardConsumer(spec, lease, store, deliver, FakeShard(30))
+    reader = ShardConsumer(spec, lease, store, deliver, FakeShard(30), clock=clock, sleep=clock.sleep,
+                           io=InlineIo(clock))  # type: ignore[arg-type]
+
+    finish = clock.finish
 
     async def main() -> None:
-        await reader.open()
+        await finish(reader.open())
         task = asyncio.create_task(reader.run())
         for _ in range(500):
             if reader.stats["records"] == 30:
                 break
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(metrics.EXPORT_INTERVAL_S + 0.3)  # at least one export after the last batch
-        await reader.stop()
-        await task
+            await clock.run_for(0.01)
+        await clock.run_for(metrics.EXPORT_INTERVAL_S + 0.3)  # at least one export after the last batch
+        await finish(reader.stop())
+        await finish(task)
 
     asyncio.run(main())
     assert len(delivered) == 30

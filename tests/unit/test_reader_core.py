@@ -1,4 +1,8 @@
-"""ShardConsumer (one lease's read loop) without Ray or network: an in-process lease store and a fake shard."""
+"""ShardConsumer (one lease's read loop) without Ray or network: an in-process lease store and a fake shard.
+
+Every reader here runs on a :class:`FakeClock` (its clock and its sleep) with its blocking
+calls made inline (:class:`InlineIo`): time passes only when a test drives the clock, and
+every bound is a bound on that clock, never on the wall clock."""
 
 from __future__ import annotations
 
@@ -6,26 +10,40 @@ import asyncio
 import base64
 import json
 import time
-from typing import Any
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import pytest
 
 from kinesis_actors import SHARD_END, SinkError, StartAt
 from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer
-from kinesis_actors.testing import FakeShard, FlakyLeaseStore, InProcessLeaseStore, kpl_aggregate
+from kinesis_actors.testing import FakeClock, FakeShard, FlakyLeaseStore, InlineIo, InProcessLeaseStore, kpl_aggregate
 
 STREAM, SHARD = "s", "shardId-000000000000"
+T = TypeVar("T")
+_CLOCKS: weakref.WeakKeyDictionary[ShardConsumer, FakeClock] = weakref.WeakKeyDictionary()
+
+
+def consumer(spec: ReaderSpec, lease: Any, store: Any, deliver: Any, shard: Any, clock: FakeClock) -> ShardConsumer:
+    """A ShardConsumer on ``clock`` (its clock and sleep), its blocking calls inline."""
+    if isinstance(shard, FakeShard):
+        shard.clock = clock  # GetRecords call times on the reader's clock
+    reader = ShardConsumer(spec, lease, store, deliver, shard, clock=clock, sleep=clock.sleep,
+                           io=InlineIo(clock))  # type: ignore[arg-type]
+    _CLOCKS[reader] = clock
+    return reader
 
 
 def make_reader(shard: FakeShard, store: InProcessLeaseStore, deliver: Any, *, start_at: StartAt | None = None,
                 max_records: int = 100, lease_duration_s: float = 2.0, max_sink_retries: int = 2,
-                dead_letter: Any = None, clock: Any = time.monotonic) -> ShardConsumer:
+                dead_letter: Any = None, clock: FakeClock | None = None) -> ShardConsumer:
     lease = store.take(STREAM, SHARD, owner="me", duration_s=lease_duration_s)
     assert lease is not None
     spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=start_at or StartAt.trim_horizon(),
                       lease_duration_s=lease_duration_s, renew_interval_s=0.2, max_records=max_records,
                       idle_wait_s=0.01, max_sink_retries=max_sink_retries, dead_letter=dead_letter)
-    return ShardConsumer(spec, lease, store, deliver, shard, clock=clock)
+    return consumer(spec, lease, store, deliver, shard, clock or FakeClock())
 
 
 class Recorder:
@@ -45,16 +63,30 @@ class Recorder:
         return [int(r.sequence_number) for b in self.batches for r in b]
 
 
+def clock_of(reader: ShardConsumer) -> FakeClock:
+    """The fake clock ``reader`` runs on."""
+    return _CLOCKS[reader]
+
+
+async def until(clock: FakeClock, cond: Callable[[], Any], within_s: float = 5.0, what: str = "condition") -> None:
+    """Drive ``clock`` in 10 ms steps until ``cond()``; AssertionError after ``within_s`` of fake time."""
+    await clock.until(cond, within_s=within_s, what=what)
+
+
+async def finish(clock: FakeClock, work: Awaitable[T], within_s: float = 5.0) -> T:
+    """Drive ``clock`` until ``work`` is done (within ``within_s`` of fake time); its result."""
+    result: T = await clock.finish(work, within_s=within_s)
+    return result
+
+
 async def run_until(reader: ShardConsumer, cond: Any, timeout_s: float = 5.0) -> str:
-    await reader.open()
+    clock = clock_of(reader)
+    await finish(clock, reader.open())
     task = asyncio.create_task(reader.run())
-    deadline = time.monotonic() + timeout_s
-    while not cond() and not task.done():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
+    await until(clock, lambda: cond() or task.done(), timeout_s, "the condition")
     if not task.done():
-        await reader.stop()
-    return await task
+        await finish(clock, reader.stop())
+    return await finish(clock, task)
 
 
 def test_delivers_in_order_and_checkpoints_after_ack() -> None:
@@ -125,18 +157,19 @@ def test_lost_lease_stops_the_reader_and_it_writes_nothing_more() -> None:
     sink = Recorder()
     reader = make_reader(shard, store, sink)
 
+    clock = clock_of(reader)
+
     async def scenario() -> str:
-        await reader.open()
+        await finish(clock, reader.open())
         task = asyncio.create_task(reader.run())
-        while len(sink.seqs) < 5:
-            await asyncio.sleep(0.01)
+        await until(clock, lambda: len(sink.seqs) >= 5, what="5 records")
         # another owner takes the row (as after an expiry elsewhere)
         thief = store.peer()
         row = thief.get(STREAM, SHARD)
         stolen = thief._update(row.key, row.owner, row.counter, {"lease_owner": "thief", "lease_counter": row.counter + 1})
         assert stolen is not None
         shard.add(5)
-        return await asyncio.wait_for(task, 3.0)
+        return await finish(clock, task, 3.0)
 
     assert asyncio.run(scenario()) == ConsumerState.LOST
     row = store.get(STREAM, SHARD)
@@ -147,17 +180,17 @@ def test_expired_iterator_reopens_after_the_last_acknowledged_record() -> None:
     shard, store, sink = FakeShard(10), InProcessLeaseStore(), Recorder()
     reader = make_reader(shard, store, sink, max_records=5)
 
+    clock = clock_of(reader)
+
     async def scenario() -> None:
-        await reader.open()
+        await finish(clock, reader.open())
         task = asyncio.create_task(reader.run())
-        while len(sink.seqs) < 10:
-            await asyncio.sleep(0.01)
+        await until(clock, lambda: len(sink.seqs) >= 10, what="10 records")
         shard.faults += ["ExpiredIteratorException", "ExpiredIteratorException"]
         shard.add(5)
-        while len(sink.seqs) < 15:
-            await asyncio.sleep(0.01)
-        await reader.stop()
-        await task
+        await until(clock, lambda: len(sink.seqs) >= 15, what="15 records")
+        await finish(clock, reader.stop())
+        await finish(clock, task)
 
     asyncio.run(scenario())
     assert sink.seqs == list(range(1, 16)), "nothing skipped, nothing repeated"
@@ -200,13 +233,14 @@ def test_resume_inside_a_kpl_aggregate_after_a_partial_ack() -> None:
 
     reader = make_reader(shard, store, ack_once_then_hang, max_records=4)
 
+    clock = clock_of(reader)
+
     async def crash_after_first_ack() -> None:
-        await reader.open()
+        await finish(clock, reader.open())
         task = asyncio.create_task(reader.run())
-        while reader.stats["batches"] < 1:
-            await asyncio.sleep(0.01)
-        await reader.stop(release=False, grace_s=0.05)  # like a crash: nothing more acknowledged
-        await task
+        await until(clock, lambda: reader.stats["batches"] >= 1, what="the first batch")
+        await finish(clock, reader.stop(release=False, grace_s=0.05))  # like a crash: nothing more acknowledged
+        await finish(clock, task)
 
     asyncio.run(crash_after_first_ack())
     row = store.get(STREAM, SHARD)
@@ -216,7 +250,7 @@ def test_resume_inside_a_kpl_aggregate_after_a_partial_ack() -> None:
     lease = store.take(STREAM, SHARD, owner="me", duration_s=2.0)  # the owner re-takes its own row
     spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=StartAt.trim_horizon(),
                       lease_duration_s=2.0, renew_interval_s=0.2, max_records=4, idle_wait_s=0.01)
-    reader2 = ShardConsumer(spec, lease, store, second, shard)
+    reader2 = consumer(spec, lease, store, second, shard, clock)
     asyncio.run(run_until(reader2, lambda: len(second.batches) >= 1))
     assert [r.data for b in second.batches for r in b] == [b"user-4", b"user-5"]
     assert [r.sub_sequence_number for b in second.batches for r in b] == [4, 5]
@@ -261,9 +295,9 @@ def test_a_reader_resumed_after_a_pause_delivers_nothing_once_fenced() -> None:
     # A zombie: the process is paused (SIGSTOP) between GetRecords and delivery for longer
     # than the lease; another owner takes the shard meanwhile. On resuming, the reader must
     # not hand the batch it holds downstream.
-    offset = [0.0]
-    shard, store, sink = FakeShard(3), InProcessLeaseStore(clock=lambda: time.monotonic() + offset[0]), Recorder()
-    reader = make_reader(shard, store, sink, lease_duration_s=1.0, clock=lambda: time.monotonic() + offset[0])
+    clock = FakeClock()
+    shard, store, sink = FakeShard(3), InProcessLeaseStore(clock=clock), Recorder()
+    reader = make_reader(shard, store, sink, lease_duration_s=1.0, clock=clock)
     get_records = shard.get_records
 
     def paused_get_records(**kw: Any) -> dict[str, Any]:
@@ -273,18 +307,17 @@ def test_a_reader_resumed_after_a_pause_delivers_nothing_once_fenced() -> None:
             row = thief.get(STREAM, SHARD)
             assert thief._update(row.key, row.owner, row.counter,
                                  {"lease_owner": "thief", "lease_counter": row.counter + 1}) is not None
-            offset[0] += 5.0  # the pause: five lease durations pass at once
+            clock.advance(5.0)  # the pause: five lease durations pass at once
         return out
 
     shard.get_records = paused_get_records  # type: ignore[method-assign]
 
     async def scenario() -> str:
-        await reader.open()
+        await finish(clock, reader.open())
         task = asyncio.create_task(reader.run())
-        while len(sink.seqs) < 3:
-            await asyncio.sleep(0.01)
+        await until(clock, lambda: len(sink.seqs) >= 3, what="3 records")
         shard.add(3)
-        return await asyncio.wait_for(task, 3.0)
+        return await finish(clock, task, 3.0)
 
     assert asyncio.run(scenario()) == ConsumerState.LOST
     assert sink.seqs == [1, 2, 3]
@@ -295,8 +328,8 @@ def test_a_reader_resumed_after_a_pause_delivers_nothing_once_fenced() -> None:
 def test_lease_validity_counts_from_when_a_write_was_sent() -> None:
     # The process is paused right after sending a renewal; the store applies it, the answer
     # is read after the pause. The lease must be judged from the send time, so it is in doubt.
-    offset = [0.0]
-    inner = InProcessLeaseStore()
+    clock = FakeClock()
+    inner = InProcessLeaseStore(clock=clock)
 
     class PausedAfterSend:
         def __getattr__(self, name: str) -> Any:
@@ -304,11 +337,11 @@ def test_lease_validity_counts_from_when_a_write_was_sent() -> None:
 
         def renew(self, lease: Any, **kw: Any) -> Any:
             out = inner.renew(lease, **kw)
-            offset[0] += 5.0  # the pause
+            clock.advance(5.0)  # the pause
             return out
 
     shard, sink = FakeShard(1), Recorder()
     reader = make_reader(shard, PausedAfterSend(), sink, lease_duration_s=1.0,  # type: ignore[arg-type]
-                         clock=lambda: time.monotonic() + offset[0])
+                         clock=clock)
     asyncio.run(reader.keeper.renew())
     assert reader.keeper.in_doubt()

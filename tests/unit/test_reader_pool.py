@@ -1,7 +1,9 @@
 """Readers that hold many leases, without Ray: packing, re-homing, the byte budget, the first pass.
 
 The Coordinator runs here over in-process readers (``testing.LocalReader`` over a real
-``ShardReaderCore``), a fake Kinesis and an in-process lease table.
+``ShardReaderCore``), a fake Kinesis and an in-process lease table, all on one FakeClock with
+the readers' blocking calls inline: time passes only as a test drives it, and every bound is on
+that clock.
 """
 
 from __future__ import annotations
@@ -9,28 +11,32 @@ from __future__ import annotations
 import asyncio
 import collections
 import random
-import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import pytest
 
 from kinesis_actors.config import KinesisStream
 from kinesis_actors.coordinator import CoordinatorCore, pick_reader, pool_size
 from kinesis_actors.errors import StartError
-from kinesis_actors.reader import TRANSITIONS, ByteBudget, ConsumerState, ReaderIo, ReaderSpec, ShardReaderCore
+from kinesis_actors.reader import TRANSITIONS, ByteBudget, ConsumerState, ReaderSpec, ShardReaderCore
 from kinesis_actors.records import Record, StartAt
 from kinesis_actors.testing import FakeClock, FakeKinesis, InlineIo, InProcessLeaseStore, LocalReader
 
 STREAM = "s"
 LEASE_S, RENEW_S, POLL_S = 1.0, 0.2, 0.1
+T = TypeVar("T")
 
 
-async def until(cond: Callable[[], Any], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        await asyncio.sleep(0.005)
+async def until(clock: FakeClock, cond: Callable[[], Any], timeout_s: float, what: str) -> None:
+    """Drive ``clock`` in 10 ms steps until ``cond()``; AssertionError after ``timeout_s`` of fake time."""
+    await clock.until(cond, within_s=timeout_s, what=what)
+
+
+async def finish(clock: FakeClock, work: Awaitable[T], timeout_s: float = 60.0) -> T:
+    """Drive ``clock`` until ``work`` is done; its result."""
+    result: T = await clock.finish(work, within_s=timeout_s)
+    return result
 
 
 class Instance:
@@ -40,6 +46,8 @@ class Instance:
                  start_delay_s: float = 0.05, max_buffered_bytes: int = 64 << 20, fail_starts: int = 0,
                  deliver: Callable[[list[Record]], Any] | None = None, reader_start_timeout_s: float = 5.0,
                  poll_s: float = POLL_S, **stream_kwargs: Any) -> None:
+        self.clock = clock = FakeClock()  # the Coordinator's, its readers' and the lease table's
+        self.kinesis_delay_s: dict[str, float] = {}  # shard id -> fake seconds each of its Kinesis calls takes
         self.delivered: list[tuple[str, int, float]] = []
         self.batches: list[tuple[str, int, int]] = []  # (shard, first seq, last seq)
         self.readers: list[LocalReader] = []
@@ -52,7 +60,7 @@ class Instance:
         async def record(records: list[Record]) -> None:
             if deliver is not None:
                 await deliver(records)
-            now = time.monotonic()
+            now = clock()
             self.delivered.extend((r.shard_id, int(r.sequence_number), now) for r in records)
             self.batches.append((records[0].shard_id, int(records[0].sequence_number), int(records[-1].sequence_number)))
 
@@ -68,19 +76,23 @@ class Instance:
                 self.fail_starts -= 1
                 raise RuntimeError("the actor could not be created")
             delay = self.start_delays.pop(0) if self.start_delays else self.start_delay_s
-            reader = LocalReader(CountingCore(store=rows.peer(), deliver=record, kinesis=kinesis_,
-                                              max_buffered_bytes=max_buffered_bytes,
-                                              io=ReaderIo(kinesis_threads=4, store_threads=4)),
-                                 start_delay_s=delay)
+            io = InlineIo(clock, threads=4, delay_s=lambda pool, args: self.kinesis_delay_s.get(args[0], 0.0)
+                          if pool == "kinesis" else 0.0)  # 4 threads a pool, like ReaderIo(4, 4)
+            core = CountingCore(store=rows.peer(clock=clock), deliver=record, kinesis=kinesis_,
+                                max_buffered_bytes=max_buffered_bytes, clock=clock, sleep=clock.sleep,
+                                io=io)  # type: ignore[arg-type]
+            reader = LocalReader(core, start_delay_s=delay, sleep=clock.sleep)
             self.readers.append(reader)
             return reader
 
         stream = KinesisStream(STREAM, start_at=StartAt.trim_horizon(), lease_poll_interval_s=poll_s,
                                shard_sync_interval_s=5.0, idle_wait_s=0.02, max_idle_wait_s=0.05,
                                max_shards_per_reader=cap, **stream_kwargs)
-        self.core = CoordinatorCore(stream, aws=None, store=rows, owner_id=owner,  # type: ignore[arg-type]
+        table = rows.peer(clock=clock)
+        self.core = CoordinatorCore(stream, aws=None, store=table, owner_id=owner,  # type: ignore[arg-type]
                                     lease_duration_s=LEASE_S, renew_interval_s=RENEW_S, launcher=launch,
-                                    kinesis=kinesis, call_timeout_s=5.0, reader_start_timeout_s=reader_start_timeout_s)
+                                    kinesis=kinesis, call_timeout_s=5.0, reader_start_timeout_s=reader_start_timeout_s,
+                                    clock=clock, sleep=clock.sleep)
 
     def seen(self) -> set[tuple[str, int]]:
         return {(s, q) for s, q, _ in self.delivered}
@@ -124,6 +136,11 @@ def test_consumer_states_allow_only_the_drawn_transitions() -> None:
     assert ConsumerState.PROCESSING not in TRANSITIONS[ConsumerState.SHUTTING_DOWN], "no way back from a stop"
 
 
+async def run_for(inst: Instance, seconds: float) -> None:
+    """Let ``seconds`` of the instance's fake clock pass."""
+    await inst.clock.run_for(seconds)
+
+
 # ---------------------------------------------------------------------- the byte budget
 def test_the_budget_never_holds_more_than_its_limit_plus_one_response() -> None:
     rng = random.Random(7)
@@ -145,6 +162,52 @@ def test_the_budget_never_holds_more_than_its_limit_plus_one_response() -> None:
     assert budget.peak <= 1300
 
 
+def test_each_fetch_coming_back_wakes_one_waiter_in_arrival_order_not_all_of_them() -> None:
+    """Ten fetches wait on a full budget; each fetch that comes back empty makes room for
+    one more and wakes only the first waiter (every fetch used to wake every waiter, which
+    found the budget full again: at the tip of many shards, most of a reader's wake-ups)."""
+    async def scenario() -> None:
+        budget = ByteBudget(1000, max_response=300)
+        assert budget.try_reserve() and budget.try_reserve() and budget.try_reserve()
+        assert not budget.try_reserve()
+        woken: list[int] = []
+        wakeups = [0]
+
+        async def fetch(i: int) -> None:
+            while not budget.try_reserve():
+                await budget.wait_changed(60.0)
+                wakeups[0] += 1
+            woken.append(i)
+
+        tasks = [asyncio.create_task(fetch(i)) for i in range(10)]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        for n in range(1, 4):
+            budget.settle(0)  # one fetch came back empty: room for one
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert woken == list(range(n)), woken
+            assert wakeups[0] == n, f"{wakeups[0]} wake-ups for {n} fetches back"
+        assert budget.reserved == 900 and len(budget._waiters) == 7
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert not budget._waiters, "a cancelled wait leaves the queue"
+
+    asyncio.run(scenario())
+
+
+def test_a_wait_on_the_budget_ends_at_its_timeout_and_leaves_the_queue() -> None:
+    async def scenario() -> None:
+        budget = ByteBudget(300, max_response=300)
+        assert budget.try_reserve()
+        await budget.wait_changed(0.01)
+        assert not budget._waiters and budget.waits == 1
+        assert not budget.try_reserve()
+
+    asyncio.run(scenario())
+
+
 def test_a_stalled_sink_bounds_what_a_reader_holds_and_keeps_every_lease() -> None:
     """20 shards of 64 KiB records behind a sink that does not acknowledge: the reader holds
     at most its budget plus one response, nobody loses a lease, and once the sink recovers
@@ -159,9 +222,9 @@ def test_a_stalled_sink_bounds_what_a_reader_holds_and_keeps_every_lease() -> No
 
         limit = 1 << 20
         inst = Instance(kinesis, rows, cap=32, max_buffered_bytes=limit, deliver=stalled, max_records=5)
-        await inst.core.start(10)
+        await finish(inst.clock, inst.core.start(10))
         counters = {lease.shard_id: lease.counter for lease in rows.list(STREAM)}
-        await asyncio.sleep(3 * LEASE_S)  # a stall of three lease durations
+        await run_for(inst, 3 * LEASE_S)  # a stall of three lease durations
         reader = inst.live_readers()[0]
         budget = reader.core.budget
         largest = 5 * (65536 + 1)  # one response: max_records records
@@ -172,9 +235,9 @@ def test_a_stalled_sink_bounds_what_a_reader_holds_and_keeps_every_lease() -> No
         assert all(lease.counter > counters[lease.shard_id] for lease in rows_now), "every lease was renewed"
         assert inst.core.counters["leases_lost"] == 0
         gate.set()
-        await until(lambda: len(inst.seen()) == 20 * 40, 20, "every record after the stall")
+        await until(inst.clock, lambda: len(inst.seen()) == 20 * 40, 20, "every record after the stall")
         assert budget.peak <= limit + largest
-        await inst.core.close()
+        await finish(inst.clock, inst.core.close())
 
     asyncio.run(scenario())
 
@@ -183,20 +246,20 @@ def test_a_stuck_get_records_holds_up_no_other_shard() -> None:
     async def scenario() -> None:
         kinesis, rows = FakeKinesis(6), InProcessLeaseStore()
         inst = Instance(kinesis, rows, cap=8)
-        await inst.core.start(10)
+        await finish(inst.clock, inst.core.start(10))
         stuck = "shardId-000000000000"
-        kinesis.shards[stuck].hang_s = 0.4 * LEASE_S  # every call on it answers late
-        t0 = time.monotonic()
+        inst.kinesis_delay_s[stuck] = 0.4 * LEASE_S  # every call on it answers late, holding a Kinesis thread
+        t0 = inst.clock()
         for _ in range(10):
             kinesis.publish(1)
-            await asyncio.sleep(0.05)
+            await run_for(inst, 0.05)
         others = [sid for sid in kinesis.shards if sid != stuck]
-        await until(lambda: all((sid, 10) in inst.seen() for sid in others), 2.0, "the other shards delivering")
-        assert time.monotonic() - t0 < 1.5
+        await until(inst.clock, lambda: all((sid, 10) in inst.seen() for sid in others), 2.0, "the other shards delivering")
+        assert inst.clock() - t0 < 1.5
         assert inst.core.counters["leases_lost"] == 0
-        kinesis.shards[stuck].hang_s = 0.0
-        await until(lambda: (stuck, 10) in inst.seen(), 5, "the slow shard catching up")
-        await inst.core.close()
+        inst.kinesis_delay_s[stuck] = 0.0
+        await until(inst.clock, lambda: (stuck, 10) in inst.seen(), 5, "the slow shard catching up")
+        await finish(inst.clock, inst.core.close())
 
     asyncio.run(scenario())
 
@@ -206,9 +269,9 @@ def test_a_dead_readers_leases_reopen_on_live_readers_at_once_under_the_same_own
     async def scenario() -> None:
         kinesis, rows = FakeKinesis(9, records=20), InProcessLeaseStore()
         inst = Instance(kinesis, rows, cap=4, start_delay_s=0.05)
-        await inst.core.start(10)
+        await finish(inst.clock, inst.core.start(10))
         assert len(inst.readers) == pool_size(9, 4) == 4
-        await until(lambda: len(inst.seen()) == 9 * 20, 5, "the first records")
+        await until(inst.clock, lambda: len(inst.seen()) == 9 * 20, 5, "the first records")
         victim = max(inst.live_readers(), key=lambda r: len(r.core.shard_ids()))
         moved = victim.core.shard_ids()
         assert len(moved) >= 2, "the victim holds several shards"
@@ -217,7 +280,7 @@ def test_a_dead_readers_leases_reopen_on_live_readers_at_once_under_the_same_own
         victim.kill()
         kinesis.publish(5)
         # bounded well below the replacement's 2 s start, so they cannot have waited for it (bench measures the time)
-        await until(lambda: all((sid, 25) in inst.seen() for sid in moved), 1.0, "the moved shards delivering")
+        await until(inst.clock, lambda: all((sid, 25) in inst.seen() for sid in moved), 1.0, "the moved shards delivering")
         assert inst.readers[-1].start_delay_s == 2.0, "the replacement was still starting"
         for sid in moved:
             row = rows.get(STREAM, sid)
@@ -225,15 +288,15 @@ def test_a_dead_readers_leases_reopen_on_live_readers_at_once_under_the_same_own
         assert inst.core.counters["readers_replaced"] == 1
         assert inst.core.counters["shards_rehomed"] == len(moved)
         assert all(inst.adds[sid] == 2 for sid in moved), "each moved shard opened once more, not twice"
-        await until(lambda: len(inst.seen()) == 9 * 25, 5, "every shard's new records")
+        await until(inst.clock, lambda: len(inst.seen()) == 9 * 25, 5, "every shard's new records")
         per_shard = collections.defaultdict(list)
         for s, q, _ in inst.delivered:
             per_shard[s].append(q)
         for sid, seqs in per_shard.items():
             assert sorted(set(seqs)) == list(range(1, 26)), f"{sid}: no gap"
-        await until(lambda: sum(1 for r in inst.readers if not r.dead) == 4 and inst.readers[-1].start_delay_s == 0,
+        await until(inst.clock, lambda: sum(1 for r in inst.readers if not r.dead) == 4 and inst.readers[-1].start_delay_s == 0,
                     5, "the pool restored")
-        await inst.core.close()
+        await finish(inst.clock, inst.core.close())
 
     asyncio.run(scenario())
 
@@ -242,16 +305,16 @@ def test_two_readers_dying_at_once_rehome_every_lease_without_waiting_for_a_poll
     async def scenario() -> None:
         kinesis, rows = FakeKinesis(6, records=5), InProcessLeaseStore()
         inst = Instance(kinesis, rows, cap=4, poll_s=30.0)  # no lease poll comes to the rescue
-        await inst.core.start(10)
-        await until(lambda: len(inst.seen()) == 30, 5, "the first records")
+        await finish(inst.clock, inst.core.start(10))
+        await until(inst.clock, lambda: len(inst.seen()) == 30, 5, "the first records")
         holders = sorted(inst.live_readers(), key=lambda r: -len(r.core.shard_ids()))[:2]
         moved = sorted(sid for r in holders for sid in r.core.shard_ids())
         for r in holders:
             r.kill()  # the second dies before the first one's leases are placed
         kinesis.publish(3)
-        await until(lambda: all((sid, 8) in inst.seen() for sid in moved), 3.0, "every moved shard delivering")
+        await until(inst.clock, lambda: all((sid, 8) in inst.seen() for sid in moved), 3.0, "every moved shard delivering")
         assert all(rows.get(STREAM, sid).owner == "a" for sid in moved)
-        await inst.core.close()
+        await finish(inst.clock, inst.core.close())
 
     asyncio.run(scenario())
 
@@ -262,12 +325,13 @@ def test_a_lease_poll_during_a_slow_rehome_never_takes_the_shard_twice() -> None
     async def scenario() -> None:
         kinesis, rows = FakeKinesis(4), InProcessLeaseStore()
         inst = Instance(kinesis, rows, cap=2)
-        await inst.core.start(10)
+        await finish(inst.clock, inst.core.start(10))
+        sleep = inst.clock.sleep
         for reader in inst.readers:  # every open from now on is slow: several polls pass meanwhile
             original = reader.core.add
 
             async def slow_add(spec: Any, lease: Any, original: Any = original, **kw: Any) -> Any:
-                await asyncio.sleep(5 * POLL_S)
+                await sleep(5 * POLL_S)
                 return await original(spec, lease, **kw)
 
             reader.core.add = slow_add  # type: ignore[method-assign]
@@ -276,8 +340,8 @@ def test_a_lease_poll_during_a_slow_rehome_never_takes_the_shard_twice() -> None
         victim.kill()
         for _ in range(12):
             kinesis.publish(1)
-            await asyncio.sleep(POLL_S)
-        await until(lambda: all((sid, 12) in inst.seen() for sid in moved), 5, "the moved shards delivering")
+            await run_for(inst, POLL_S)
+        await until(inst.clock, lambda: all((sid, 12) in inst.seen() for sid in moved), 5, "the moved shards delivering")
         assert all(inst.adds[sid] == 2 for sid in moved), dict(inst.adds)
         live = [r for r in inst.readers if not r.dead]
         hosts = collections.Counter(sid for r in live for sid in r.core.shard_ids())
@@ -285,7 +349,7 @@ def test_a_lease_poll_during_a_slow_rehome_never_takes_the_shard_twice() -> None
         redelivered = collections.Counter(s for s, _, _ in inst.delivered) - collections.Counter(
             s for s, _ in inst.seen())
         assert all(redelivered[sid] <= 1 for sid in moved), redelivered
-        await inst.core.close()
+        await finish(inst.clock, inst.core.close())
 
     asyncio.run(scenario())
 
@@ -295,12 +359,12 @@ def test_the_first_pass_waits_for_slow_readers_within_its_deadline() -> None:
     async def scenario() -> None:
         kinesis, rows = FakeKinesis(6, records=3), InProcessLeaseStore()
         inst = Instance(kinesis, rows, cap=3, start_delay_s=0.8)
-        t0 = time.monotonic()
-        await inst.core.start(10)
-        assert time.monotonic() - t0 >= 0.8, "it waited for the readers"
+        t0 = inst.clock()
+        await finish(inst.clock, inst.core.start(10))
+        assert inst.clock() - t0 >= 0.8, "it waited for the readers"
         assert sorted(inst.core.held()) == sorted(kinesis.shards)
-        await until(lambda: len(inst.seen()) == 18, 5, "every record")
-        await inst.core.close()
+        await until(inst.clock, lambda: len(inst.seen()) == 18, 5, "every record")
+        await finish(inst.clock, inst.core.close())
 
     asyncio.run(scenario())
 
@@ -310,12 +374,12 @@ def test_readers_slower_than_their_start_timeout_are_waited_for_while_another_re
         kinesis, rows = FakeKinesis(6, records=2), InProcessLeaseStore()
         inst = Instance(kinesis, rows, cap=2, reader_start_timeout_s=0.2)
         inst.start_delays = [0.02, 0.8, 0.8, 0.8]  # a pool of 4; three take 4x their start timeout
-        await inst.core.start(10)
+        await finish(inst.clock, inst.core.start(10))
         assert sorted(inst.core.held()) == sorted(kinesis.shards)
         assert inst.core.counters["reader_start_failures"] == 0, "slow is not failed"
         assert len(inst.readers) == 4 and not any(r.dead for r in inst.readers), "none killed and started again"
-        await until(lambda: len(inst.seen()) == 12, 5, "every record")
-        await inst.core.close()
+        await until(inst.clock, lambda: len(inst.seen()) == 12, 5, "every record")
+        await finish(inst.clock, inst.core.close())
 
     asyncio.run(scenario())
 
@@ -325,9 +389,9 @@ def test_the_first_pass_spreads_the_leases_over_every_reader_it_started() -> Non
         kinesis, rows = FakeKinesis(4), InProcessLeaseStore()
         inst = Instance(kinesis, rows, cap=64)
         inst.start_delays = [0.05, 0.6]  # the second reader is slower to start
-        await inst.core.start(10)
+        await finish(inst.clock, inst.core.start(10))
         assert sorted(len(r.core.shard_ids()) for r in inst.readers) == [2, 2], "2 + 2, not 4 + 0"
-        await inst.core.close()
+        await finish(inst.clock, inst.core.close())
 
     asyncio.run(scenario())
 
@@ -337,10 +401,10 @@ def test_a_first_pass_past_its_deadline_says_how_many_shards_opened_and_why() ->
         kinesis, rows = FakeKinesis(6), InProcessLeaseStore()
         inst = Instance(kinesis, rows, cap=3, start_delay_s=30.0)
         with pytest.raises(StartError) as err:
-            await inst.core.start(0.5)
+            await finish(inst.clock, inst.core.start(0.5))
         assert (err.value.started, err.value.total) == (0, 6)
         assert "0 of 6 shards opened" in str(err.value) and "readers still starting" in str(err.value)
-        await inst.core.close()
+        await finish(inst.clock, inst.core.close())
         assert all(lease.owner is None for lease in rows.list(STREAM)), "what was taken is released"
 
     asyncio.run(scenario())
@@ -350,11 +414,11 @@ def test_readers_that_keep_failing_to_start_end_the_first_pass_early_with_the_ca
     async def scenario() -> None:
         kinesis, rows = FakeKinesis(2), InProcessLeaseStore()
         inst = Instance(kinesis, rows, fail_starts=100)
-        t0 = time.monotonic()
+        t0 = inst.clock()
         with pytest.raises(StartError, match="could not be created"):
-            await inst.core.start(60)
-        assert time.monotonic() - t0 < 10, "no waiting for the whole deadline"
-        await inst.core.close()
+            await finish(inst.clock, inst.core.start(60))
+        assert inst.clock() - t0 < 10, "no waiting for the whole deadline"
+        await finish(inst.clock, inst.core.close())
 
     asyncio.run(scenario())
 
@@ -363,11 +427,11 @@ def test_a_reader_that_fails_to_start_is_retried_and_nothing_is_lost() -> None:
     async def scenario() -> None:
         kinesis, rows = FakeKinesis(4, records=5), InProcessLeaseStore()
         inst = Instance(kinesis, rows, cap=4, fail_starts=1)  # 1 of the first 2 readers fails
-        await inst.core.start(10)
+        await finish(inst.clock, inst.core.start(10))
         assert inst.core.counters["reader_start_failures"] == 1
-        await until(lambda: len(inst.seen()) == 20, 5, "every record on the reader that started")
-        await until(lambda: sum(1 for r in inst.readers if not r.dead) >= 2, 5, "the failed reader retried")
-        await inst.core.close()
+        await until(inst.clock, lambda: len(inst.seen()) == 20, 5, "every record on the reader that started")
+        await until(inst.clock, lambda: sum(1 for r in inst.readers if not r.dead) >= 2, 5, "the failed reader retried")
+        await finish(inst.clock, inst.core.close())
 
     asyncio.run(scenario())
 
