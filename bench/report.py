@@ -13,7 +13,11 @@ from .common import fmt, fmt_against, fmt_ratio, goal_threshold
 KEY = (
     "raw_single_records_per_s", "raw_threads_records_per_s", "product_records_per_s", "product_records_per_s_vs_threads",
     "product_mb_per_s", "product_e2e_records_per_s", "raw_single_cpu_s_per_mb", "product_cpu_s_per_mb",
-    "product_cpu_s_per_mb_after_start", "product_reader_cpu_s_per_mb", "emulator_cpu_s_per_mb_product",
+    "product_cpu_s_per_mb_after_start", "product_reader_cpu_s_per_mb",
+    "product_readers_coordinator_cpu_s_per_mb_after_start", "product_sink_cpu_s_per_mb", "emulator_cpu_s_per_mb_product",
+    *(f"where_{k}_cpu_s_per_mb" for k in ("parse", "build", "deliver", "checkpoint", "coordinator")),
+    "ours_cpu_s_per_mb_after_start", "ours_cpu_s_per_mb_whole_run", "ours_records_per_s_vs_matched",
+    "ours_start_to_first_record_vs_seeded_s",
     "peer_records_per_s", "peer_cpu_s_per_mb",
     "raw_poll_p50_ms", "product_p50_ms", "product_p95_ms", "product_p99_ms", "get_records_calls_per_s_per_shard_max",
     "crash_to_survivor_first_record_s", "crash_survivor_take_s", "sigkill_to_survivor_first_record_s",
