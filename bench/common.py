@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import importlib.metadata
 import json
 import math
 import os
@@ -209,10 +210,10 @@ def machine() -> dict[str, Any]:
         info["memory_gib"] = round(kb / 1024 / 1024)
     except OSError:
         pass
-    for mod in ("ray", "boto3", "botocore", "moto"):
+    for dist in ("ray", "boto3", "botocore", "moto"):  # installed versions, without importing them
         try:
-            info[mod] = __import__(mod).__version__
-        except Exception:
+            info[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
             pass
     return info
 
