@@ -263,7 +263,7 @@ def test_http_subscriber_on_kinesis_mock_events_refusals_and_close(kinesis_mock:
     source = subscribe(params)
     (first,) = first_frames(source, 1)
     event = parse_event_payload(first.payload)
-    assert [r["Data"] for r in event.records] == [b"hello"] and event.continuation_sequence_number
+    assert [r.data for r in event.records] == [b"hello"] and event.continuation_sequence_number
     second = subscribe(params)  # while the first is open: HTTP 200, then a refusal as the first frame
     (refusal,) = first_frames(second, 1)
     assert refusal.headers[":message-type"] == "exception"
