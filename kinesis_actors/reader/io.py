@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import time
@@ -16,7 +17,7 @@ from ..config import DEFAULT_MAX_SHARDS_PER_READER
 from ..errors import InvalidError
 from ..kinesis import GET_RECORDS_MAX_BYTES
 from .spec import DEFAULT_THREADS, Sleep
-from .timers import wait_event, wait_first
+from .timers import wait_first
 
 __all__ = ["CallLimit", "ReaderIo", "ByteBudget", "ToThreadIo", "STUCK_CALL_S"]
 
@@ -72,9 +73,9 @@ class CallLimit:
         self._clock = clock
         self._sleep = sleep
         self._last_cut = float("-inf")
-        self._freed: asyncio.Event | None = None
         self._calls: set[_Call] = set()
         self._slow: set[str] = set()  # shards whose last call outlived stuck_after_s: outside the limit
+        self._queue: collections.deque[tuple[asyncio.Future[_Call], str | None]] = collections.deque()
 
     @property
     def in_flight(self) -> int:
@@ -82,30 +83,60 @@ class CallLimit:
         now = self._clock()
         return sum(1 for c in self._calls if c.counted and now - c.started < self.stuck_after_s)
 
-    def _event(self) -> asyncio.Event:
-        if self._freed is None:
-            self._freed = asyncio.Event()
-        return self._freed
+    @property
+    def queued(self) -> int:
+        """Calls waiting for a place."""
+        return sum(1 for future, _ in self._queue if not future.done())
 
-    async def _wait(self) -> None:
-        """Until a call ends or the oldest counted call turns stuck."""
-        now = self._clock()
-        due = min((c.started + self.stuck_after_s - now for c in self._calls if c.counted), default=self.stuck_after_s)
-        event = self._event()
-        event.clear()
-        await wait_event(event, due, self._sleep)
-
-    async def acquire(self, key: str | None = None) -> _Call:
-        """Wait for a free place, then take it; returns the token :meth:`release` takes.
-        ``key``: the shard the call is for (a shard whose last call was stuck waits for no place)."""
-        if key is not None and key in self._slow:
-            call = _Call(self._clock(), key, counted=False)
-        else:
-            while self.in_flight >= int(self.limit):
-                await self._wait()
-            call = _Call(self._clock(), key, counted=True)
+    def _admit(self, key: str | None) -> _Call:
+        call = _Call(self._clock(), key, counted=True)
         self._calls.add(call)
         return call
+
+    def _grant(self) -> None:
+        """Admit the waiters at the head of the queue, in arrival order, while places are free."""
+        while self._queue and self.in_flight < int(self.limit):
+            future, key = self._queue.popleft()
+            if not future.done():  # a cancelled wait is leaving
+                future.set_result(self._admit(key))
+
+    def _next_stuck_in(self) -> float:
+        """Seconds until the oldest counted call turns stuck (its place then frees)."""
+        now = self._clock()
+        due = min((c.started + self.stuck_after_s - now for c in self._calls if c.counted), default=self.stuck_after_s)
+        return max(0.0, due) + 1e-3
+
+    async def acquire(self, key: str | None = None) -> _Call:
+        """Wait for a place, then take it; returns the token :meth:`release` takes.
+
+        Waiters are admitted in arrival order (a call that arrives while others wait queues
+        behind them), so no shard starves behind shards that poll again and again.
+        ``key``: the shard the call is for (a shard whose last call was stuck waits for no place).
+        """
+        if key is not None and key in self._slow:
+            call = _Call(self._clock(), key, counted=False)
+            self._calls.add(call)
+            return call
+        if not self._queue and self.in_flight < int(self.limit):
+            return self._admit(key)
+        future: asyncio.Future[_Call] = asyncio.get_running_loop().create_future()
+        entry = (future, key)
+        self._queue.append(entry)
+        self._grant()
+        try:
+            while not future.done():
+                await wait_first({future}, self._next_stuck_in(), self._sleep)
+                self._grant()  # a counted call may have turned stuck: its place is free
+        except BaseException:
+            if future.done() and not future.cancelled():  # admitted, but nobody will call
+                self.release(future.result())
+            else:
+                future.cancel()
+                with contextlib.suppress(ValueError):
+                    self._queue.remove(entry)
+                self._grant()
+            raise
+        return future.result()
 
     def release(self, call: _Call) -> None:
         """Give a place back: the call ended (returned or raised)."""
@@ -115,7 +146,7 @@ class CallLimit:
                 self._slow.add(call.key)
             else:
                 self._slow.discard(call.key)
-        self._event().set()
+        self._grant()
 
     def note_renewal(self, latency_s: float, renew_interval_s: float) -> None:
         """A lease renewal of this process took ``latency_s`` seconds."""
@@ -128,7 +159,7 @@ class CallLimit:
                 log.info("renewals slow (%.2f s): at most %d Kinesis calls in flight now", latency_s, int(self.limit))
         elif latency_s < renew_interval_s / 10 and self.limit < self.maximum:
             self.limit = min(float(self.maximum), self.limit + 1 / self.limit)
-            self._event().set()
+            self._grant()
 
 
 class ReaderIo:
@@ -201,9 +232,13 @@ class ByteBudget:
     max_response``: the budget plus one response, whatever the number of shards
     (compare KCL's ``maxByteSize``, which bounds each shard's prefetch queue instead).
 
-    Fetches that find no room wait in arrival order; bytes given back wake only the
-    waiters the room now admits (in that order), not every waiter: with many shards at
-    the tip, each returning fetch used to wake all the others to find the budget full again.
+    Fetches that find no room queue in arrival order and are granted room in that order:
+    bytes given back reserve room for the waiters at the head of the queue (as many as the
+    room admits) before they run, so a fetch that arrives later, or a fetcher that has
+    just come back from the tip, never takes the room a queued fetch was waiting for.
+    A shard therefore waits for at most the fetches queued before it, however many
+    shards poll at the tip (with a waiter that re-queued at each heartbeat, shards that
+    had not fetched yet could starve behind those cycling at the tip).
 
     Bytes are counted as :func:`~kinesis_actors.kinesis.record_bytes` (payload and
     partition key), not Python object overhead.
@@ -211,7 +246,7 @@ class ByteBudget:
     Args:
         limit: the budget, bytes (> 0).
         max_response: the largest response one fetch may bring, bytes.
-        sleep: ``async sleep`` on the injected clock (the timeout of :meth:`wait_changed`).
+        sleep: ``async sleep`` on the injected clock (the heartbeat of :meth:`reserve`).
 
     Raises:
         InvalidError: ``limit`` is not a positive int.
@@ -233,45 +268,66 @@ class ByteBudget:
         return self.used + reserved + amount <= self.limit or (reserved == 0 and self.used < self.limit)
 
     def try_reserve(self, amount: int | None = None) -> bool:
-        """Reserve room for one fetch if the rule above admits it; True if it did.
-        ``amount``: the most this fetch may bring, bytes (default ``max_response``)."""
+        """Reserve room for one fetch at once if nobody is queued and the rule above admits
+        it; True if it did. ``amount``: the most this fetch may bring, bytes (default
+        ``max_response``)."""
         amount = self.max_response if amount is None else amount
-        if self._admits(amount, self.reserved):
+        if not self._waiters and self._admits(amount, self.reserved):
             self.reserved += amount
             return True
         return False
 
-    async def wait_changed(self, timeout_s: float, amount: int | None = None) -> None:
-        """Wait until the budget may admit a fetch of ``amount`` bytes (default ``max_response``)
-        after bytes were given back, or ``timeout_s`` seconds pass; then call :meth:`try_reserve`
-        (another fetch may have taken the room first)."""
+    async def reserve(self, amount: int | None = None, *, heartbeat_s: float | None = None,
+                      tick: Callable[[], None] = lambda: None) -> None:
+        """Reserve room for one fetch of ``amount`` bytes (default ``max_response``), queueing
+        in arrival order until it is granted.
+
+        While queued, ``tick()`` is called every ``heartbeat_s`` seconds on the injected
+        clock (None: never); the wait keeps its place in the queue across ticks. Cancelled
+        (or ``tick`` raising), the wait leaves the queue, and room granted in the meantime
+        is given back to the next waiter.
+        """
         amount = self.max_response if amount is None else amount
+        if self.try_reserve(amount):
+            return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (future, amount)
         self._waiters.append(entry)
         self.waits += 1
+        self._grant()
         try:
-            await wait_first({future}, timeout_s, self._sleep)
-        finally:
-            if not future.done():
+            while not future.done():
+                await wait_first({future}, heartbeat_s, self._sleep)
+                if not future.done():
+                    tick()
+        except BaseException:
+            if future.done() and not future.cancelled():  # granted, but nobody will fetch with it
+                self.reserved -= amount
+                self._grant()
+            else:
                 future.cancel()
-                try:
+                with contextlib.suppress(ValueError):
                     self._waiters.remove(entry)
-                except ValueError:
-                    pass
+                self._grant()  # a waiter behind this one may fit now
+            raise
 
-    def _wake(self) -> None:
-        """Wake, in arrival order, the waiters the room now admits (as if each reserved in turn)."""
-        reserved = self.reserved
+    @property
+    def queued(self) -> int:
+        """Fetches waiting for room."""
+        return sum(1 for future, _ in self._waiters if not future.done())
+
+    def _grant(self) -> None:
+        """Reserve room for the waiters at the head of the queue, in arrival order, while the
+        rule admits them; each granted waiter is woken with its room already reserved."""
         while self._waiters:
             future, amount = self._waiters[0]
-            if future.done():  # timed out: its wait_changed removes it
+            if future.done():  # cancelled: its reserve() is leaving
                 self._waiters.popleft()
                 continue
-            if not self._admits(amount, reserved):
+            if not self._admits(amount, self.reserved):
                 return
             self._waiters.popleft()
-            reserved += amount
+            self.reserved += amount
             future.set_result(None)
 
     def settle(self, nbytes: int, amount: int | None = None) -> None:
@@ -282,13 +338,13 @@ class ByteBudget:
         self.used += nbytes
         self.peak = max(self.peak, self.used)
         if nbytes < amount:
-            self._wake()
+            self._grant()
 
     def release(self, nbytes: int) -> None:
         """``nbytes`` of held records were acknowledged or dropped."""
         if nbytes:
             self.used -= nbytes
-            self._wake()
+            self._grant()
 
 
 class ToThreadIo:

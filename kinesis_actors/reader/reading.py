@@ -119,13 +119,17 @@ class Reading:
         if budget is None:
             return False
         since = self._clock()
-        while not budget.try_reserve(amount):
-            await budget.wait_changed(max(0.05, min(self.spec.renew_interval_s / 2, FANOUT_BUDGET_DROP_S)), amount)
+
+        def tick() -> None:
             self._alive()
             fetcher = self.fetcher
             if fetcher is not None and fetcher.has_iterator and self._clock() - since >= FANOUT_BUDGET_DROP_S \
                     and fetcher.pause():
                 self._stats["budget_drops"] = self._stats.get("budget_drops", 0) + 1
+
+        await budget.reserve(amount, heartbeat_s=max(0.05, min(self.spec.renew_interval_s / 2, FANOUT_BUDGET_DROP_S)),
+                             tick=tick)
+        self._alive()
         return True
 
     def give_back(self, nbytes: int | None = None) -> None:

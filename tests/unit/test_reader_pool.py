@@ -162,48 +162,78 @@ def test_the_budget_never_holds_more_than_its_limit_plus_one_response() -> None:
     assert budget.peak <= 1300
 
 
-def test_each_fetch_coming_back_wakes_one_waiter_in_arrival_order_not_all_of_them() -> None:
+def test_room_given_back_is_granted_to_the_waiters_in_arrival_order_and_newcomers_queue_behind() -> None:
     """Ten fetches wait on a full budget; each fetch that comes back empty makes room for
-    one more and wakes only the first waiter (every fetch used to wake every waiter, which
-    found the budget full again: at the tip of many shards, most of a reader's wake-ups)."""
+    one more, which is reserved for the first waiter before it runs (only it wakes), and a
+    fetch arriving while others wait gets no room ahead of them."""
     async def scenario() -> None:
         budget = ByteBudget(1000, max_response=300)
         assert budget.try_reserve() and budget.try_reserve() and budget.try_reserve()
-        assert not budget.try_reserve()
         woken: list[int] = []
-        wakeups = [0]
 
         async def fetch(i: int) -> None:
-            while not budget.try_reserve():
-                await budget.wait_changed(60.0)
-                wakeups[0] += 1
+            await budget.reserve(heartbeat_s=None)
             woken.append(i)
 
         tasks = [asyncio.create_task(fetch(i)) for i in range(10)]
         for _ in range(3):
             await asyncio.sleep(0)
+        assert budget.queued == 10 and budget.waits == 10
         for n in range(1, 4):
-            budget.settle(0)  # one fetch came back empty: room for one
+            budget.settle(0)  # one fetch came back empty: room for one, granted to the head
+            assert not budget.try_reserve(), "a newcomer does not jump the queue"
             for _ in range(3):
                 await asyncio.sleep(0)
             assert woken == list(range(n)), woken
-            assert wakeups[0] == n, f"{wakeups[0]} wake-ups for {n} fetches back"
-        assert budget.reserved == 900 and len(budget._waiters) == 7
+        assert budget.reserved == 900 and budget.queued == 7
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        assert not budget._waiters, "a cancelled wait leaves the queue"
+        assert budget.queued == 0, "a cancelled wait leaves the queue"
+        budget.settle(0)
+        assert budget.try_reserve(), "with nobody queued, room is taken at once"
 
     asyncio.run(scenario())
 
 
-def test_a_wait_on_the_budget_ends_at_its_timeout_and_leaves_the_queue() -> None:
+def test_a_queued_fetch_keeps_its_place_across_heartbeats_while_shards_at_the_tip_cycle() -> None:
+    """One shard queues behind a full budget while two others keep fetching and coming back
+    empty (shards at the tip). Its heartbeats (tick) must not cost its place: the first room
+    given back is its own, however often the others come back."""
+    clock = FakeClock()
+
     async def scenario() -> None:
-        budget = ByteBudget(300, max_response=300)
+        budget = ByteBudget(600, max_response=300, sleep=clock.sleep)
+        assert budget.try_reserve() and budget.try_reserve()  # the two shards at the tip
+        ticks: list[float] = []
+        waiter = asyncio.create_task(budget.reserve(heartbeat_s=0.25, tick=lambda: ticks.append(clock())))
+        await clock.run_for(1.0)  # queued, ticking
+        assert len(ticks) >= 3 and budget.queued == 1
+        budget.settle(0)  # a tip shard comes back empty ...
+        assert not budget.try_reserve(), "... and cannot fetch again ahead of the queued shard"
+        await clock.run_for(0.1)
+        assert waiter.done(), "the queued shard was granted the first room given back"
+        assert budget.reserved == 600 and budget.queued == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_wait_on_the_budget_ticks_each_heartbeat_and_a_cancelled_grant_goes_to_the_next() -> None:
+    clock = FakeClock()
+
+    async def scenario() -> None:
+        budget = ByteBudget(300, max_response=300, sleep=clock.sleep)
         assert budget.try_reserve()
-        await budget.wait_changed(0.01)
-        assert not budget._waiters and budget.waits == 1
-        assert not budget.try_reserve()
+        ticks: list[float] = []
+        first = asyncio.create_task(budget.reserve(heartbeat_s=0.5, tick=lambda: ticks.append(clock())))
+        second = asyncio.create_task(budget.reserve(heartbeat_s=0.5))
+        await clock.run_for(1.6)
+        assert len(ticks) == 3 and budget.queued == 2, (ticks, budget.queued)
+        budget.settle(0)  # room for one: granted to the first waiter
+        first.cancel()  # which is cancelled before it runs: its room goes to the second
+        await asyncio.gather(first, return_exceptions=True)
+        await clock.run_for(0.01)
+        assert second.done() and budget.reserved == 300 and budget.queued == 0
 
     asyncio.run(scenario())
 
