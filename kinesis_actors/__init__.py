@@ -15,6 +15,7 @@ from .errors import (
     LeaseLostError,
     LeaseStoreError,
     NotConnectedError,
+    PartialBatchError,
     SinkError,
     StreamError,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "LeaseLostError",
     "LeaseStoreError",
     "SinkError",
+    "PartialBatchError",
     "read_kinesis",
     "DatasetSink",
     "__version__",

@@ -31,6 +31,7 @@ from typing import Any
 from .aws import AwsSettings
 from .config import KinesisStream, positive_duration, validate_stream_name
 from .connection import ConnectionState
+from .delivery.options import check_picklable_filter, check_sink_mode
 from .errors import InvalidError, LeaseStoreError, NotConnectedError
 from .kinesis import ensure_stream
 from .leases.protocol import LeaseStore
@@ -274,7 +275,9 @@ class KinesisBroker:
 
         Raises:
             InvalidError: not a KinesisStream, a sink that is neither an actor with the
-                method nor a Sink, or a stream this broker already reads (before any AWS call).
+                method nor a Sink, ``bisect_on_error`` or ``parallelization_factor > 1`` in pull
+                mode, a ``record_filter`` Ray cannot serialise, or a stream this broker already
+                reads (before any AWS call).
             NotConnectedError: not connected, or shut down.
             StreamError: the stream does not exist (and ``create_if_missing`` is unset), or
                 authentication failed.
@@ -285,6 +288,8 @@ class KinesisBroker:
         if not isinstance(stream, KinesisStream):
             raise InvalidError(f"subscribe() takes a KinesisStream, got {stream!r}")
         start_timeout_s = positive_duration("start_timeout_s", start_timeout_s)
+        check_sink_mode(stream, sink)  # bisect / parallelism need a push sink
+        check_picklable_filter(stream.record_filter)
         if sink is not None:
             from .sinks import as_sink
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from .delivery.options import DeliveryOptions, check_delivery_fields
 from .errors import InvalidError
-from .records import StartAt
+from .records import Record, StartAt
 
 __all__ = ["KinesisStream", "validate_stream_name", "positive_duration", "DEFAULT_MAX_SHARDS_PER_READER",
            "DEFAULT_MAX_BUFFERED_BYTES", "RETRIEVAL_MODES"]
@@ -119,8 +120,12 @@ class KinesisStream:
         max_sink_retries: attempts after the first failed delivery of a batch before
             the subscription fails with ``SinkError`` (5).
         sink_method: name of the sink actor's method called with each batch ("process_batch").
-        dead_letter: a ``Publisher`` that receives a batch the sink refused
-            ``max_sink_retries`` times; the batch is acknowledged only once published there.
+        dead_letter: a ``Publisher`` that receives ONE JSON document per record given up
+            (refused ``max_sink_retries`` times, or older than ``max_record_age_s``), with
+            the record's shard id as partition key (see
+            :func:`~kinesis_actors.delivery.dead_letter.dead_letter_document`); a record is
+            acknowledged only once its dead letter is written, and a failing publisher is
+            retried with backoff, never skipped (Lambda's on-failure destination).
         retrieval: how shards are read: ``"polling"`` (default: ``GetRecords``, a read
             limit shared by every polling consumer of the stream) or ``"fanout"``
             (enhanced fan-out: ``SubscribeToShard`` through the stream consumer
@@ -138,6 +143,30 @@ class KinesisStream:
             handoff and at ``SHARD_END``. Invariant 10 then widens: a failure redelivers
             the records acknowledged since the shard's last checkpoint (at most this
             interval, plus one idle wait, of acknowledged batches) plus the batch in flight.
+        max_batch_records: most records per delivered batch, 1..10,000 (None: one
+            ``GetRecords`` response, at most ``max_records``, per batch); Lambda's ``BatchSize``.
+        max_batch_bytes: most bytes (payload + partition key) per batch (None: no limit);
+            a single larger record goes alone.
+        batch_window_s: gather one shard's records for up to this long (0..300 s; 0.0:
+            deliver as fetched) or until a limit above is reached; at the window's end a
+            shard at its tip delivers what it has. Lambda's ``MaximumBatchingWindowInSeconds``.
+        bisect_on_error: a batch still failing after its retries is split in halves (each
+            tried once, a single record with all its retries), down to single records; only
+            those still failing go to the dead letters, or fail the subscription with
+            ``SinkError`` naming the record. Lambda's ``BisectBatchOnFunctionError``. Needs
+            a push sink.
+        max_record_age_s: a record older than this by its arrival time, when about to be
+            delivered, goes to the dead letters (reason ``max_record_age``) instead (None:
+            no limit). Needs ``dead_letter``. Lambda's ``MaximumRecordAgeInSeconds``
+            (without Lambda's 60 s minimum).
+        record_filter: ``Callable[[Record], bool]`` run in the reader (shipped with
+            cloudpickle: lambdas and local functions are fine); a record it rejects is
+            acknowledged without delivery and counted (metric ``records_filtered``). A filter
+            that raises fails the subscription with ``SinkError``. Lambda's ``FilterCriteria``.
+        parallelization_factor: 1..10 batches of one shard in flight at once, split by
+            partition-key hash (records of one key keep their order); the checkpoint is the
+            highest position below which every record is acknowledged. Needs a push sink.
+            Lambda's ``ParallelizationFactor``.
 
     Raises:
         InvalidError: any value out of range, named in the message.
@@ -164,6 +193,13 @@ class KinesisStream:
     retrieval: str = "polling"
     consumer_name: str | None = None
     min_checkpoint_interval_s: float = 0.0
+    max_batch_records: int | None = None
+    max_batch_bytes: int | None = None
+    batch_window_s: float = 0.0
+    bisect_on_error: bool = False
+    max_record_age_s: float | None = None
+    record_filter: Callable[[Record], bool] | None = None
+    parallelization_factor: int = 1
 
     def __post_init__(self) -> None:
         validate_stream_name(self.name)
@@ -190,7 +226,6 @@ class KinesisStream:
         _positive_int("max_records", self.max_records)
         if self.max_records > 10_000:
             raise InvalidError(f"max_records must be at most 10000 (the GetRecords limit), got {self.max_records}")
-        _non_negative_int("max_sink_retries", self.max_sink_retries)
         if not isinstance(self.sink_method, str) or not self.sink_method.isidentifier():
             raise InvalidError(f"sink_method must be a method name, got {self.sink_method!r}")
         for what in ("reader_options", "coordinator_options"):
@@ -202,6 +237,7 @@ class KinesisStream:
                 raise InvalidError(f"unknown {what} {sorted(unknown)}; allowed: {sorted(_READER_OPTION_KEYS)}")
         if self.dead_letter is not None and not callable(getattr(self.dead_letter, "put_many", None)):
             raise InvalidError(f"dead_letter must be a Publisher (with put_many), got {self.dead_letter!r}")
+        check_delivery_fields(self)
         if self.retrieval not in RETRIEVAL_MODES:
             raise InvalidError(f"retrieval must be one of {list(RETRIEVAL_MODES)}, got {self.retrieval!r}")
         if self.consumer_name is not None and (not isinstance(self.consumer_name, str)
@@ -211,6 +247,15 @@ class KinesisStream:
             raise InvalidError('retrieval="fanout" needs consumer_name= (the stream consumer to register or reuse)')
         if self.retrieval == "polling" and self.consumer_name is not None:
             raise InvalidError(f'consumer_name={self.consumer_name!r} is only used with retrieval="fanout"')
+
+    def delivery_options(self) -> DeliveryOptions:
+        """The delivery controls, as the readers receive them (in ``ReaderSpec.delivery``)."""
+        return DeliveryOptions(
+            max_sink_retries=self.max_sink_retries, dead_letter=self.dead_letter,
+            max_batch_records=self.max_batch_records, max_batch_bytes=self.max_batch_bytes,
+            batch_window_s=float(self.batch_window_s), bisect_on_error=self.bisect_on_error,
+            max_record_age_s=None if self.max_record_age_s is None else float(self.max_record_age_s),
+            record_filter=self.record_filter, parallelization_factor=self.parallelization_factor)
 
     def actor_options(self) -> dict[str, Any]:
         """Ray ``.options()`` for a ShardReader: defaults ``num_cpus=0``, ``SPREAD``, then ``reader_options``."""

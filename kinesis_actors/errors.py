@@ -9,6 +9,7 @@ Hierarchy::
     ├── LeaseLostError                conditional write failed: someone else holds the lease
     ├── LeaseStoreError               lease table missing or unreachable past retries
     ├── SinkError                     the downstream gave up after ``max_sink_retries``
+    ├── PartialBatchError             raised BY a sink: records ``[0, failed_from)`` are done, retry the rest
     └── StartError                    ``subscribe()``'s first pass did not open every leased shard in time
 
 Every error carries ``retriable`` (a retry of the same call may succeed) and, when it
@@ -31,6 +32,7 @@ __all__ = [
     "LeaseLostError",
     "LeaseStoreError",
     "SinkError",
+    "PartialBatchError",
     "StartError",
     "aws_error_code",
     "translate_aws_error",
@@ -97,6 +99,44 @@ class LeaseStoreError(KinesisError):
 
 class SinkError(KinesisError):
     """The downstream raised on a batch ``max_sink_retries`` times; the cause is chained."""
+
+
+class PartialBatchError(KinesisError):
+    """Raised by a push sink to acknowledge part of a batch: records ``[0, failed_from)``.
+
+    The reader acknowledges and checkpoints those records and retries the batch from
+    record ``failed_from`` on, in order; the retry counts against ``max_sink_retries``
+    (after them, ``bisect_on_error``, the dead letters or ``SinkError`` apply to the
+    rest). This is Lambda's partial batch response (``ReportBatchItemFailures``) with the
+    first failed record given by its index. As in Lambda, a value the reader cannot use
+    (not an int, below 0 or beyond the batch) counts as a failure of the whole batch;
+    ``failed_from`` equal to the batch's length acknowledges all of it.
+
+    It crosses Ray (the sink actor raises it; the reader reads ``failed_from`` from the
+    ``RayTaskError`` Ray raises in its place, which is also an instance of this class).
+
+    Args:
+        message: what failed (optional).
+        failed_from: index of the first record not acknowledged (keyword).
+
+    Example:
+        >>> raise PartialBatchError(failed_from=3)  # doctest: +SKIP
+    """
+
+    retriable = True
+
+    def __init__(self, message: str = "", *, failed_from: int, aws_code: str | None = None,
+                 retriable: bool | None = None) -> None:
+        super().__init__(message or f"records from index {failed_from} failed", aws_code=aws_code,
+                         retriable=retriable)
+        self.failed_from = failed_from
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_partial, (str(self), self.failed_from, self.aws_code, self.retriable))
+
+
+def _rebuild_partial(message: str, failed_from: int, aws_code: str | None, retriable: bool) -> PartialBatchError:
+    return PartialBatchError(message, failed_from=failed_from, aws_code=aws_code, retriable=retriable)
 
 
 class StartError(KinesisError):

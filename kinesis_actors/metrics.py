@@ -24,6 +24,11 @@ name                                        kind     tags                       
 ``kinesis_actors_checkpoints_written``      counter  stream, shard_id, owner_id   checkpoint writes
 ``kinesis_actors_millis_behind_latest``     gauge    stream, shard_id, owner_id   lag, ms (see below)
 ``kinesis_actors_checkpoint_age_s``         gauge    stream, shard_id, owner_id   s since the last checkpoint
+``kinesis_actors_dead_letter_failures``     counter  stream, shard_id, owner_id   failed dead-letter writes
+``kinesis_actors_records_filtered``         counter  stream, shard_id, owner_id   rejected by record_filter
+``kinesis_actors_batches_bisected``         counter  stream, shard_id, owner_id   failing batches split
+``kinesis_actors_partial_acks``             counter  stream, shard_id, owner_id   PartialBatchError answers
+``kinesis_actors_batches_in_flight``        gauge    stream, shard_id, owner_id   unacknowledged batches
 ``kinesis_actors_leases_held``              gauge    stream, owner_id             readers running
 ``kinesis_actors_leases_taken``             counter  stream, owner_id             leases taken
 ``kinesis_actors_leases_lost``              counter  stream, owner_id             leases lost
@@ -71,8 +76,12 @@ INSTANCE_TAGS = ("stream", "owner_id")
 SHARD_COUNTERS = {"records_delivered": "records", "bytes_delivered": "bytes",
                   "get_records_calls": "get_records_calls", "throttles": "throttles",
                   "sink_failures": "sink_failures", "dead_letter_records": "dead_letter_records",
-                  "checkpoints_written": "checkpoints_written"}
-SHARD_GAUGES = {"millis_behind_latest": "millis_behind_latest", "checkpoint_age_s": "checkpoint_age_s"}
+                  "checkpoints_written": "checkpoints_written",
+                  # delivery controls (kinesis_actors.delivery bumps these keys of the reader's stats)
+                  "dead_letter_failures": "dead_letter_failures", "records_filtered": "filtered",
+                  "batches_bisected": "bisected", "partial_acks": "partial_acks"}
+SHARD_GAUGES = {"millis_behind_latest": "millis_behind_latest", "checkpoint_age_s": "checkpoint_age_s",
+                "batches_in_flight": "batches_in_flight"}
 INSTANCE_COUNTERS = {"leases_taken": "leases_taken", "leases_lost": "leases_lost",
                      "readers_replaced": "readers_replaced"}
 INSTANCE_GAUGES = {"leases_held": "leases_held"}
@@ -82,10 +91,16 @@ _DESCRIPTIONS = {
     "get_records_calls": "GetRecords calls, per shard.",
     "throttles": "Throttled Kinesis calls (ProvisionedThroughputExceeded, LimitExceeded), per shard.",
     "sink_failures": "Failed deliveries to the downstream (each retried, up to max_sink_retries), per shard.",
-    "dead_letter_records": "Records the downstream refused max_sink_retries times, sent to the dead-letter stream.",
+    "dead_letter_records": "Records sent to the dead-letter stream (refused past max_sink_retries, or older than "
+                           "max_record_age_s), per shard.",
     "checkpoints_written": "Checkpoint writes (one conditional UpdateItem each on DynamoDB), per shard.",
     "millis_behind_latest": "MillisBehindLatest of the last GetRecords, at least the age of its newest record (ms).",
     "checkpoint_age_s": "Seconds since the reader last wrote a checkpoint (or started); absent without a checkpoint.",
+    "dead_letter_failures": "Failed attempts to write dead letters (retried, never skipped), per shard.",
+    "records_filtered": "Records rejected by record_filter (acknowledged without delivery), per shard.",
+    "batches_bisected": "Failing batches split in halves by bisect_on_error, per shard.",
+    "partial_acks": "PartialBatchError answers that acknowledged part of a batch, per shard.",
+    "batches_in_flight": "Batches handed to the downstream and not yet acknowledged (<= parallelization_factor).",
     "leases_held": "Shard leases this instance holds (running readers).",
     "leases_taken": "Shard leases this instance took.",
     "leases_lost": "Shard leases this instance lost to another owner or to expiry.",

@@ -185,11 +185,29 @@ class Subscription:
             return []
         return batch
 
-    def ack(self) -> None:
-        """Acknowledge the batch last returned, now (its reader checkpoints it)."""
+    def ack(self, upto: int | None = None) -> None:
+        """Acknowledge the batch last returned, now (its reader checkpoints it).
+
+        Args:
+            upto: acknowledge only its records ``[0, upto)``: the reader checkpoints them and
+                the next ``next_batch`` returns the rest first (a push sink's
+                ``PartialBatchError(failed_from=upto)``, Lambda's partial batch response; it
+                counts against ``max_sink_retries``, after which the rest goes to the dead
+                letters or fails the subscription). ``upto=0`` hands the whole batch out again.
+
+        Raises:
+            InvalidError: in push mode, or ``upto`` not an int in ``0..len(batch)`` (nothing
+                is acknowledged then).
+        """
         import ray
 
-        ray.get(self._require_pull().ack.remote(), timeout=_RAY_CALL_TIMEOUT_S)
+        if upto is not None and (isinstance(upto, bool) or not isinstance(upto, int) or upto < 0):
+            raise InvalidError(f"ack(upto=...) takes an int >= 0, got {upto!r}")
+        queue = self._require_pull()
+        try:
+            ray.get(queue.ack.remote(upto), timeout=_RAY_CALL_TIMEOUT_S)
+        except Exception as e:
+            raise _unwrap(e) from None
 
     def __iter__(self) -> Iterator[Sequence[Record]]:
         """Blocking iteration over batches until the subscription closes (raises its error)."""

@@ -61,7 +61,7 @@ def reader_spec(cfg: KinesisStream, shard: ShardInfo, *, owner_id: str, lease_du
         ending_sequence_number=shard.ending_sequence_number, max_records=cfg.max_records,
         idle_wait_s=cfg.idle_wait_s, max_idle_wait_s=cfg.max_idle_wait_s, max_sink_retries=cfg.max_sink_retries,
         dead_letter=cfg.dead_letter, consumer_arn=consumer_arn,
-        min_checkpoint_interval_s=cfg.min_checkpoint_interval_s,
+        min_checkpoint_interval_s=cfg.min_checkpoint_interval_s, delivery=cfg.delivery_options(),
     )
 
 

@@ -38,6 +38,7 @@ from ..records import Record, StartAt
 from .delivery import BatchDelivery
 from .fetcher import new_fetcher
 from .io import ByteBudget, ReaderIo, ToThreadIo
+from .lanes import process_in_lanes
 from .lease import CheckpointPacer, LeaseKeeper
 from .reading import FANOUT_BUDGET_DROP_S, Reading
 from .spec import Deliver, ReaderSpec, Sleep
@@ -126,8 +127,8 @@ class ShardConsumer:
                               budget_drops=0)
         self.keeper = LeaseKeeper(spec, lease, store, self._io, clock=clock, sleep=sleep, lease_age_s=lease_age_s,
                                   on_lost=self._lost, on_handoff=self._asked, stats=self.stats)
-        self.delivery = BatchDelivery(spec, deliver, dead_letter=spec.dead_letter, run_blocking=self._io.kinesis,
-                                      clock=clock, sleep=sleep, alive=self._alive)
+        self.delivery = BatchDelivery(spec, deliver, run_blocking=self._io.kinesis, clock=clock, sleep=sleep,
+                                      alive=self._alive, stats=self.stats, confirm=self.keeper.confirm)
         self._stop: Stop | None = None
         self.reading = Reading(spec, self._io, budget, self.keeper, self.stats, clock=clock, sleep=sleep,
                                stopping=self._stopping, alive=self._alive)
@@ -304,7 +305,11 @@ class ShardConsumer:
             self._seek[1].set_result(None)
 
     async def _process(self) -> None:
-        """``PROCESSING``: fetch -> deliver -> acknowledge -> checkpoint, until stopped or shard end."""
+        """``PROCESSING``: fetch -> deliver -> acknowledge -> checkpoint, until stopped or shard end
+        (with lanes, a window or a byte limit: :func:`~.lanes.process_in_lanes`)."""
+        if self.delivery.gathers:
+            await process_in_lanes(self)
+            return
         while True:
             self._alive()
             if self._stopping():
@@ -316,7 +321,7 @@ class ShardConsumer:
             if got is None:
                 continue
             self.stats["millis_behind_latest"] = lag_ms(got)
-            records, size = got.records, self.spec.max_records
+            records, size = got.records, self.delivery.controls.batch_limit(self.spec.max_records)
             for start in range(0, len(records), size):
                 if self._stopping() or self._seek is not None:
                     break
@@ -396,24 +401,33 @@ class ShardConsumer:
         reader_tick(self.spec, self.stats, now=self._clock())  # metrics: per step, rate-limited (injected clock)
 
     async def _deliver_and_checkpoint(self, batch: Sequence[Record]) -> None:
-        """The one place a batch goes downstream: confirm the lease, deliver through the
-        :class:`BatchDelivery`, checkpoint what it acknowledged."""
+        """The one place a batch goes downstream (one lane, no window): through the
+        :class:`BatchDelivery` (which confirms the lease before each sink call), checkpointing
+        each acknowledged prefix it reports (a partial acknowledgement moves it mid-batch)."""
         if not batch:
             return
-        await self.keeper.confirm()
-        result = await self.delivery.deliver(batch)
-        self.stats["sink_failures"] = self.delivery.failures
-        if result.acknowledged <= 0:
-            return
-        if result.dead_lettered:
-            self.stats["dead_letter_records"] += result.acknowledged
-        done = batch[: result.acknowledged]
-        last = done[-1]
+        done = 0
+
+        async def on_ack(n: int) -> None:
+            nonlocal done
+            self._count_acked(batch[done:n])
+            done = n
+            await self._checkpoint_after(batch[n - 1])
+
+        await self.delivery.deliver(batch, on_ack)
+        self.stats["batches"] += 1
+
+    def _count_acked(self, records: Sequence[Record]) -> int:
+        """Count acknowledged records in the stats; their payload bytes."""
+        nbytes = payload_bytes(records)
+        self.stats["records"] += len(records)
+        self.stats["bytes"] += nbytes
+        return nbytes
+
+    async def _checkpoint_after(self, last: Record) -> None:
+        """``last`` and everything before it is acknowledged: checkpoint it (when due)."""
         self.checkpoints.acknowledged(last.sequence_number, last.sub_sequence_number)
         await self.checkpoints.flush(due_only=True)
-        self.stats["records"] += len(done)
-        self.stats["bytes"] += payload_bytes(done)
-        self.stats["batches"] += 1
 
     # ---------------------------------------------------------------- control
     async def stop(self, *, release: bool = True, grace_s: float = 5.0) -> None:

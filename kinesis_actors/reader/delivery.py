@@ -1,117 +1,116 @@
 """The delivery seam: how a consumer hands one batch downstream (INTERFACES.md item 8).
 
-A consumer gives each batch to ONE :class:`BatchDelivery` and checkpoints what the
-:class:`DeliveryResult` says; the retries, their backoff, the dead-letter stream and the
-:class:`~kinesis_actors.errors.SinkError` live here and nowhere else.
+A consumer gives each batch to ONE :class:`BatchDelivery` and checkpoints what it says
+(``on_ack``); the delivery controls (kinesis_actors.delivery: retries and their backoff,
+partial acknowledgement, bisection, record age, filter, dead letters, batching and
+parallel lanes) are wired here and nowhere else.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from ..backoff import Backoff
-from ..errors import SinkError
+from ..delivery import DeadLetterWriter, DeliveryEngine, DeliveryResult, ShardPipeline
+from ..delivery.engine import SINK_BACKOFF
 from ..records import Record
 from .spec import Deliver, ReaderSpec, Sleep
 from .timers import wait_first
 
-__all__ = ["BatchDelivery", "DeliveryResult", "SINK_BACKOFF"]
+__all__ = ["BatchDelivery", "DeliveryResult", "SINK_BACKOFF"]  # DeliveryResult, SINK_BACKOFF: kinesis_actors.delivery
 
 log = logging.getLogger("kinesis_actors.reader")
 T = TypeVar("T")
 
-SINK_BACKOFF = Backoff(base_s=0.1, cap_s=10.0, floor_s=0.05)
-"""Waits between deliveries of a batch the sink refused (full jitter, 0.05 s to 10 s)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class DeliveryResult:
-    """How a batch fared downstream.
-
-    Attributes:
-        acknowledged: how many records from the start of the batch are acknowledged and
-            may be checkpointed (``len(batch)`` today: a batch is acknowledged whole).
-        attempts: deliveries made (1 when the sink took it at once).
-        dead_lettered: True when the batch went to the dead-letter stream instead.
-    """
-
-    acknowledged: int
-    attempts: int = 1
-    dead_lettered: bool = False
-
-
 class BatchDelivery:
-    """Delivers one consumer's batches: the sink, retries with backoff, then dead letters.
+    """Delivers one consumer's batches under the delivery controls (``spec.controls``).
 
-    A failing batch is delivered again after :data:`SINK_BACKOFF` waits, up to
-    ``spec.max_sink_retries`` retries; then it is published to ``dead_letter`` (when set;
-    acknowledged once published there) or :class:`~kinesis_actors.errors.SinkError` is
-    raised. While it waits on the sink or on a backoff, ``alive()`` is called at least
-    every ``renew_interval_s / 2`` seconds: a slow or failing downstream keeps the lease.
+    The retry, partial-acknowledgement, bisection, record-age and filter rules are the
+    :class:`~kinesis_actors.delivery.DeliveryEngine`'s (retries wait
+    :data:`~kinesis_actors.delivery.engine.SINK_BACKOFF`); dead letters go through a
+    :class:`~kinesis_actors.delivery.DeadLetterWriter` (one JSON document per record,
+    retried until written). With ``parallelization_factor > 1``, a window or a byte limit,
+    batches are gathered and delivered by a :class:`~kinesis_actors.delivery.ShardPipeline`
+    (:meth:`pipeline`). While it waits on the sink or on a backoff, ``alive()`` is called at
+    least every ``renew_interval_s / 2`` seconds: a slow or failing downstream keeps the lease.
 
     Args:
-        spec: the consumer's :class:`ReaderSpec` (``max_sink_retries``, ``renew_interval_s``).
+        spec: the consumer's :class:`ReaderSpec` (``controls``, ``renew_interval_s``).
         deliver: the sink's ``async deliver(records)``; returning acknowledges the batch.
-        dead_letter: a Publisher (``put_many([(data, partition_key)])``, blocking) or None.
+        dead_letter: a Publisher (``put_many([(data, partition_key)])``, blocking) or None
+            (default: ``spec.controls.dead_letter``).
         run_blocking: ``async run_blocking(fn, *args)``: where the blocking publish runs
             (the reader's Kinesis pool).
         clock: monotonic seconds. sleep: ``async sleep`` on that clock.
         alive: called while waiting (the consumer's heartbeat).
         rng: uniform [0, 1) for the backoff jitter.
+        stats: the consumer's stats (the controls' counters go there).
+        confirm: ``async confirm()`` before every sink call (the consumer's lease check).
     """
 
     def __init__(self, spec: ReaderSpec, deliver: Deliver, *, dead_letter: Any = None,
                  run_blocking: Callable[..., Awaitable[Any]] | None = None, clock: Callable[[], float] = time.monotonic,
                  sleep: Sleep = asyncio.sleep, alive: Callable[[], None] = lambda: None,
-                 rng: Callable[[], float] | None = None) -> None:
+                 rng: Callable[[], float] | None = None, stats: dict[str, Any] | None = None,
+                 confirm: Callable[[], Awaitable[None]] | None = None) -> None:
         self.spec = spec
+        self.controls = controls = spec.controls
         self._deliver = deliver
-        self._dead_letter = dead_letter
         self._run_blocking = run_blocking if run_blocking is not None else asyncio.to_thread
         self._clock = clock
         self._sleep = sleep
         self._alive = alive
-        self._rng = rng
-        self.failures = 0  # failed deliveries, all batches
+        self.stats: dict[str, Any] = stats if stats is not None else {}
+        self._confirm = confirm
+        publisher = dead_letter if dead_letter is not None else controls.dead_letter
+        writer = None
+        if publisher is not None:
+            async def publish(items: list[tuple[bytes, str]]) -> None:
+                await self.await_alive(self._run_blocking(publisher.put_many, items))
 
-    async def deliver(self, batch: Sequence[Record]) -> DeliveryResult:
-        """Deliver ``batch`` until the sink acknowledges it (or the dead-letter stream takes it).
+            writer = DeadLetterWriter(publish, sleep=self.sleep_alive, stats=self.stats, rng=rng)
+        self.engine = DeliveryEngine(controls, self._sink, dead_letters=writer, shard_id=spec.shard_id,
+                                     sleep=self.sleep_alive, wall_clock=time.time, stats=self.stats, rng=rng)
+
+    @property
+    def failures(self) -> int:
+        """Failed deliveries, all batches."""
+        return int(self.stats.get("sink_failures", 0))
+
+    @property
+    def gathers(self) -> bool:
+        """True when batches go through a :class:`ShardPipeline` (lanes, a window or a byte limit)."""
+        c = self.controls
+        return c.parallelization_factor > 1 or c.gathers or c.max_batch_bytes is not None
+
+    async def _sink(self, records: Sequence[Record]) -> Any:
+        if self._confirm is not None:
+            await self._confirm()
+        return await self.await_alive(self._deliver(records))
+
+    async def deliver(self, batch: Sequence[Record], on_ack: Callable[[int], Awaitable[None]] | None = None
+                      ) -> DeliveryResult:
+        """Deliver ``batch`` until every record is done (delivered, filtered or dead-lettered).
+
+        Args:
+            on_ack: awaited with ``n`` each time records ``[0, n)`` become done (checkpoint them).
 
         Raises:
-            SinkError: the sink refused it ``max_sink_retries + 1`` times and there is no
-                dead-letter stream (the cause chained).
-            asyncio.CancelledError: cancelled; the batch is not acknowledged.
+            SinkError: a record given up with no dead-letter stream (it names the shard and
+                sequence number; the cause chained), a filter that raised, a dead letter that
+                cannot be written.
+            asyncio.CancelledError: cancelled; what ``on_ack`` said stands.
         """
-        attempt = 0
-        while True:
-            try:
-                await self.await_alive(self._deliver(list(batch)))
-                return DeliveryResult(len(batch), attempts=attempt + 1)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the sink's failure, whatever its type: retried, then dead letters or SinkError
-                attempt += 1
-                self.failures += 1
-                if attempt > self.spec.max_sink_retries:
-                    return await self._give_up(batch, attempt, e)
-                pause = SINK_BACKOFF.delay_s(attempt, **({"rng": self._rng} if self._rng else {}))
-                log.info("shard %s: sink failed (%r); retry %d in %.2f s", self.spec.shard_id, e, attempt, pause)
-                await self.sleep_alive(pause)
+        return await self.engine.deliver(batch, on_ack)
 
-    async def _give_up(self, batch: Sequence[Record], attempt: int, error: Exception) -> DeliveryResult:
-        if self._dead_letter is None:
-            raise SinkError(f"the sink refused a batch of shard {self.spec.shard_id} {attempt} times: "
-                            f"{error!r:.300}") from error
-        await self.await_alive(self._run_blocking(self._dead_letter.put_many,
-                                                  [(r.data, r.partition_key) for r in batch]))
-        log.warning("shard %s: batch of %d sent to the dead-letter stream after %d failures",
-                    self.spec.shard_id, len(batch), attempt)
-        return DeliveryResult(len(batch), attempts=attempt, dead_lettered=True)
+    def pipeline(self, checkpoint: Callable[[Record], Awaitable[None]],
+                 acked: Callable[[Sequence[Record]], object]) -> ShardPipeline:
+        """The lanes of this shard: gather, up to ``parallelization_factor`` batches in flight."""
+        return ShardPipeline(self.controls, self.engine.deliver, checkpoint, max_records=self.spec.max_records,
+                             clock=self._clock, acked=acked, stats=self.stats)
 
     async def await_alive(self, awaitable: Awaitable[T]) -> T:
         """Await ``awaitable`` while calling ``alive()`` every ``renew_interval_s / 2`` seconds

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ..config import DEFAULT_MAX_BUFFERED_BYTES, KinesisStream
+from ..delivery.options import DeliveryOptions
 from ..records import Record, StartAt
 
 __all__ = ["ReaderSpec", "kinesis_call_timeout_s", "Deliver", "Sleep", "DEFAULT_MAX_BUFFERED_BYTES",
@@ -39,6 +40,8 @@ class ReaderSpec:
             (``retrieval="fanout"``); None reads with ``GetRecords``.
         min_checkpoint_interval_s: shortest gap between two checkpoint writes, seconds
             (``KinesisStream.min_checkpoint_interval_s``); 0 checkpoints every acknowledged batch.
+        delivery: the delivery controls (``KinesisStream.delivery_options()``); None: only
+            ``max_sink_retries`` and ``dead_letter``.
     """
 
     stream: str
@@ -55,6 +58,15 @@ class ReaderSpec:
     dead_letter: Any = None
     consumer_arn: str | None = None
     min_checkpoint_interval_s: float = KinesisStream.min_checkpoint_interval_s
+    delivery: DeliveryOptions | None = None
+
+    @property
+    def controls(self) -> DeliveryOptions:
+        """The delivery controls in force: ``delivery``, or ``max_sink_retries`` and
+        ``dead_letter`` with every other control off (kinesis_actors.delivery)."""
+        if self.delivery is not None:
+            return self.delivery
+        return DeliveryOptions(max_sink_retries=self.max_sink_retries, dead_letter=self.dead_letter)
 
     @property
     def call_timeout_s(self) -> float:

@@ -7,6 +7,8 @@ every bound is a bound on that clock, never on the wall clock."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -130,7 +132,7 @@ def test_sink_that_always_fails_raises_sink_error_without_checkpoint() -> None:
     assert store.get(STREAM, SHARD).checkpoint is None
 
 
-def test_dead_letter_receives_the_refused_batch_then_it_is_acknowledged() -> None:
+def test_dead_letter_receives_one_document_per_refused_record_then_it_is_acknowledged() -> None:
     class DeadLetter:
         def __init__(self) -> None:
             self.items: list[tuple[bytes, str]] = []
@@ -142,7 +144,11 @@ def test_dead_letter_receives_the_refused_batch_then_it_is_acknowledged() -> Non
     shard, store, dlq = FakeShard(5), InProcessLeaseStore(), DeadLetter()
     reader = make_reader(shard, store, Recorder(always=True), max_sink_retries=1, dead_letter=dlq)
     asyncio.run(run_until(reader, lambda: len(dlq.items) == 5))
-    assert [d for d, _ in dlq.items] == [f"r{i}".encode() for i in range(1, 6)]
+    docs = [json.loads(d) for d, _ in dlq.items]
+    assert [base64.b64decode(d["data"]) for d in docs] == [f"r{i}".encode() for i in range(1, 6)]
+    assert [d["sequence_number"] for d in docs] == ["1", "2", "3", "4", "5"]
+    assert all(d["reason"] == "sink" and d["attempts"] == 2 and d["error"] == "RuntimeError: fail 2" for d in docs)
+    assert {key for _, key in dlq.items} == {SHARD}  # keyed by the shard id
     assert store.get(STREAM, SHARD).checkpoint == "5"
 
 

@@ -1,0 +1,298 @@
+"""The delivery engine: one batch to the downstream with retries, partial acknowledgements,
+bisection, a maximum record age and a filter; nothing acknowledged out of order.
+
+:class:`DeliveryEngine` is plain code: the sink call, the dead-letter writer, the wall
+clock (record ages) and the sleep are injected, so unit tests drive it without Ray or
+time. The reader's consumer wraps the sink call and the sleep so that waiting on them
+stamps its heartbeat (a slow or failing downstream keeps the lease).
+
+What happens to a batch (each step follows Lambda's event source mapping for Kinesis
+where SPEC is silent):
+
+1. ``record_filter`` runs on every record; rejected ones are done (acknowledged without
+   delivery, counted in ``filtered``).
+2. Before every attempt, records older than ``max_record_age_s`` (arrival time against the
+   wall clock) are dead-lettered with reason ``max_record_age`` and are done (Lambda
+   checks the age before each invocation too).
+3. The remaining records go to the sink as one batch. Returning is the acknowledgement of
+   all of them. ``PartialBatchError(failed_from=i)`` acknowledges the first ``i``; the rest
+   is retried, and that retry counts against ``max_sink_retries`` (Lambda: a partial
+   response retries from the first failed record). Any other exception fails them all.
+4. Retries wait :data:`SINK_BACKOFF` (capped exponential backoff, full jitter).
+5. Past its retries, with ``bisect_on_error``, the failing records are split in halves; each
+   half is tried once, and a half that fails is split again; a single record gets the full
+   ``max_sink_retries`` before it is given up (Lambda: "splitting batches doesn't consume
+   the retry quota"). Without bisection, every failing record is given up.
+6. A record given up goes to the dead letters (reason ``sink``, the last error, its
+   attempts), or, without dead letters, the batch fails with ``SinkError`` naming the
+   record's shard and sequence number.
+
+Acknowledgement is in order: ``on_ack(n)`` is awaited each time the acknowledged prefix of
+the batch grows to ``n`` records, so the consumer checkpoints after record ``n - 1`` and
+never past a record that is not done (delivered, filtered or dead-lettered). A dead letter
+is written before its record counts as done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+from ..backoff import Backoff
+from ..errors import LeaseLostError, SinkError
+from ..records import Record
+from .dead_letter import DeadLetter, DeadLetterWriter
+from .options import DeliveryOptions
+
+__all__ = ["DeliveryEngine", "DeliveryResult", "SINK_BACKOFF", "partial_failed_from"]
+
+log = logging.getLogger(__name__)
+
+SINK_BACKOFF = Backoff(base_s=0.1, cap_s=10.0)
+"""Waits between attempts of a failing sink: up to 0.1 s doubling to 10 s, full jitter."""
+
+Deliver = Callable[[Sequence[Record]], Awaitable[Any]]
+OnAck = Callable[[int], Awaitable[None]]
+
+
+def partial_failed_from(error: BaseException) -> int | None:
+    """``failed_from`` of a ``PartialBatchError``, also when Ray wrapped it; else None.
+
+    Ray raises a ``RayTaskError`` in place of an actor's exception; it subclasses the
+    original class and keeps the original as ``cause``. A chained ``__cause__`` is looked
+    at too (a sink wrapper that re-raises).
+    """
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        value = e.__dict__.get("failed_from") if hasattr(e, "__dict__") else None
+        if value is not None:
+            return value if isinstance(value, int) and not isinstance(value, bool) else -1
+        cause = getattr(e, "cause", None)
+        e = cause if isinstance(cause, BaseException) else e.__cause__
+    return None
+
+
+def _view(records: Sequence[Record], indices: list[int]) -> Sequence[Record]:
+    """``records`` at ``indices``: a slice when they are contiguous (a compact batch stays
+    compact across the process boundary), else a list."""
+    lo, hi = indices[0], indices[-1] + 1
+    if hi - lo == len(indices):
+        return records if (lo, hi) == (0, len(records)) else records[lo:hi]
+    return [records[i] for i in indices]
+
+
+@dataclasses.dataclass
+class DeliveryResult:
+    """What became of one batch; every record is done when :meth:`DeliveryEngine.deliver` returns.
+
+    Attributes:
+        acknowledged: records ``[0, acknowledged)`` are done (the whole batch on return).
+        delivered: records the sink acknowledged.
+        filtered: records ``record_filter`` rejected.
+        dead_lettered: records sent to the dead letters (either reason).
+        attempts: sink calls made.
+    """
+
+    acknowledged: int = 0
+    delivered: int = 0
+    filtered: int = 0
+    dead_lettered: int = 0
+    attempts: int = 0
+
+
+class _Batch:
+    """The per-record state of one batch: done flags, attempts, the acknowledged prefix."""
+
+    def __init__(self, records: Sequence[Record]) -> None:
+        self.records = records
+        self.done = [False] * len(records)
+        self.attempts = [0] * len(records)
+        self.prefix = 0
+
+    def advance(self) -> bool:
+        """Move the prefix over done records; True if it moved."""
+        start, n = self.prefix, len(self.records)
+        while self.prefix < n and self.done[self.prefix]:
+            self.prefix += 1
+        return self.prefix > start
+
+
+class DeliveryEngine:
+    """Delivers batches of one shard under the delivery controls (see the module docstring).
+
+    Args:
+        options: the :class:`DeliveryOptions`.
+        deliver: ``async deliver(records)``: the sink call; returning acknowledges.
+        dead_letters: the :class:`DeadLetterWriter`, or None (``dead_letter`` unset).
+        shard_id: for messages.
+        sleep: ``async sleep(seconds)`` between retries.
+        wall_clock: seconds since the epoch (record ages).
+        stats: counters to bump: ``sink_failures``, ``filtered``, ``bisected``,
+            ``partial_acks`` (``dead_letter_records`` is the writer's), or None.
+        backoff: waits between retries (:data:`SINK_BACKOFF`).
+        rng: uniform in ``[0, 1)`` for the backoff's jitter (tests), or None.
+    """
+
+    def __init__(self, options: DeliveryOptions, deliver: Deliver, *, dead_letters: DeadLetterWriter | None,
+                 shard_id: str, sleep: Callable[[float], Awaitable[None]], wall_clock: Callable[[], float],
+                 stats: MutableMapping[str, Any] | None = None, backoff: Backoff = SINK_BACKOFF,
+                 rng: Callable[[], float] | None = None) -> None:
+        if options.max_record_age_s is not None and dead_letters is None:
+            raise ValueError("max_record_age_s needs a dead-letter writer")
+        self.options = options
+        self._deliver = deliver
+        self._dead_letters = dead_letters
+        self._shard_id = shard_id
+        self._sleep = sleep
+        self._wall_clock = wall_clock
+        self.stats = stats if stats is not None else {}
+        self._backoff = backoff
+        self._rng = rng
+
+    def _bump(self, key: str, n: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + n
+
+    async def deliver(self, records: Sequence[Record], on_ack: OnAck | None = None) -> DeliveryResult:
+        """Deliver one batch until every record is done.
+
+        Args:
+            records: one shard's records, in sequence order.
+            on_ack: awaited with ``n`` each time records ``[0, n)`` become done.
+
+        Returns:
+            The :class:`DeliveryResult` (``acknowledged == len(records)``).
+
+        Raises:
+            SinkError: a record given up with no dead letters configured (it names the
+                shard and sequence number; the cause is chained), a ``record_filter`` that
+                raised, or a dead letter that cannot be written. Records before it may
+                already be acknowledged (``on_ack`` said so).
+            LeaseLostError: raised by ``deliver`` (the consumer's lease check before a sink
+                call): passed on at once, never retried.
+            asyncio.CancelledError: the consumer stopped; what ``on_ack`` reported stands.
+        """
+        batch, result = _Batch(records), DeliveryResult()
+        self._filter(batch, result)
+        await self._advance(batch, on_ack)
+        pending = [i for i in range(len(records)) if not batch.done[i]]
+        if pending:
+            await self._settle(batch, pending, self.options.max_sink_retries, result, on_ack)
+        result.acknowledged = batch.prefix
+        return result
+
+    def _filter(self, batch: _Batch, result: DeliveryResult) -> None:
+        keep = self.options.record_filter
+        if keep is None:
+            return
+        for i, record in enumerate(batch.records):
+            try:
+                accepted = keep(record)
+            except Exception as e:
+                raise SinkError(f"record_filter raised on shard {record.shard_id} sequence number "
+                                f"{record.sequence_number}: {e!r:.300}") from e
+            if not accepted:
+                batch.done[i] = True
+                result.filtered += 1
+        if result.filtered:
+            self._bump("filtered", result.filtered)
+
+    async def _advance(self, batch: _Batch, on_ack: OnAck | None) -> None:
+        if batch.advance() and on_ack is not None:
+            await on_ack(batch.prefix)
+
+    async def _settle(self, batch: _Batch, indices: list[int], retries: int, result: DeliveryResult,
+                      on_ack: OnAck | None) -> None:
+        """Deliver ``indices`` with ``retries`` retries; bisect or give up what still fails."""
+        failing, error = await self._attempts(batch, indices, retries, result, on_ack)
+        if not failing:
+            return
+        if self.options.bisect_on_error and len(failing) > 1:
+            self._bump("bisected")
+            mid = len(failing) // 2
+            log.info("shard %s: bisecting %d failing records at sequence number %s", self._shard_id, len(failing),
+                     batch.records[failing[mid]].sequence_number)
+            for half in (failing[:mid], failing[mid:]):
+                await self._settle(batch, half, self.options.max_sink_retries if len(half) == 1 else 0, result,
+                                   on_ack)
+            return
+        await self._give_up(batch, failing, error, result, on_ack)
+
+    async def _attempts(self, batch: _Batch, indices: list[int], retries: int, result: DeliveryResult,
+                        on_ack: OnAck | None) -> tuple[list[int], BaseException | None]:
+        """Try ``indices`` up to ``retries + 1`` times; the indices still failing and the last error."""
+        remaining, attempt = indices, 0
+        while True:
+            remaining = await self._expire(batch, remaining, result, on_ack)
+            if not remaining:
+                return [], None
+            attempt += 1
+            result.attempts += 1
+            for i in remaining:
+                batch.attempts[i] += 1
+            try:
+                await self._deliver(_view(batch.records, remaining))
+                done, error = len(remaining), None
+            except (asyncio.CancelledError, LeaseLostError):
+                raise  # stopped, or fenced before the call: never a failure of the sink
+            except Exception as e:
+                error = e
+                k = partial_failed_from(e)
+                done = k if k is not None and 0 <= k <= len(remaining) else 0
+                if k is not None and k != done:
+                    log.warning("shard %s: PartialBatchError(failed_from=%r) outside 0..%d; the whole batch "
+                                "counts as failed", self._shard_id, k, len(remaining))
+                elif k:
+                    self._bump("partial_acks")
+            for i in remaining[:done]:
+                batch.done[i] = True
+            result.delivered += done
+            remaining = remaining[done:]
+            await self._advance(batch, on_ack)
+            if not remaining:
+                return [], None
+            self._bump("sink_failures")
+            if attempt > retries:
+                return remaining, error
+            pause = self._backoff.delay_s(attempt, rng=self._rng) if self._rng else self._backoff.delay_s(attempt)
+            log.info("shard %s: sink failed on %d records (%r); retry %d in %.2f s", self._shard_id, len(remaining),
+                     error, attempt, pause)
+            await self._sleep(pause)
+
+    async def _expire(self, batch: _Batch, indices: list[int], result: DeliveryResult,
+                      on_ack: OnAck | None) -> list[int]:
+        """Dead-letter the records of ``indices`` older than ``max_record_age_s``; the others."""
+        max_age = self.options.max_record_age_s
+        if max_age is None:
+            return indices
+        now = self._wall_clock()
+        old = [i for i in indices if (t := batch.records[i].approximate_arrival_timestamp) is not None
+               and now - t.timestamp() > max_age]
+        if not old:
+            return indices
+        assert self._dead_letters is not None
+        await self._dead_letters.write([(batch.records[i], "max_record_age", None, 0) for i in old])
+        for i in old:
+            batch.done[i] = True
+        result.dead_lettered += len(old)
+        await self._advance(batch, on_ack)
+        gone = set(old)
+        return [i for i in indices if i not in gone]
+
+    async def _give_up(self, batch: _Batch, failing: list[int], error: BaseException | None, result: DeliveryResult,
+                       on_ack: OnAck | None) -> None:
+        if self._dead_letters is None:
+            first = batch.records[failing[0]]
+            sub = f" (sub-sequence {first.sub_sequence_number})" if first.sub_sequence_number is not None else ""
+            raise SinkError(f"the sink refused shard {first.shard_id} sequence number {first.sequence_number}{sub} "
+                            f"{batch.attempts[failing[0]]} times: {error!r:.300}") from error
+        letters: list[DeadLetter] = [(batch.records[i], "sink", error, batch.attempts[i]) for i in failing]
+        await self._dead_letters.write(letters)
+        for i in failing:
+            batch.done[i] = True
+        result.dead_lettered += len(failing)
+        await self._advance(batch, on_ack)

@@ -1,0 +1,297 @@
+"""Parallel delivery of one shard: up to N batches in flight, order kept per partition key.
+
+Lambda's ``ParallelizationFactor``: one shard's records are split by partition-key hash
+into ``N`` lanes (:func:`lane_of`, MD5 as Kinesis hashes keys, so it is the same in every
+process); each lane gathers its own batches (:class:`~.gather.BatchGatherer`) and has at
+most one in flight, so records of one key are delivered in order and at most ``N``
+batches of the shard are unacknowledged (invariants 8 and 10 read "N batches").
+
+The checkpoint is the highest position below which every record is acknowledged
+(:class:`AckTracker`): positions are ``(sequence number, sub-sequence)``, so a checkpoint
+may fall inside a KPL aggregate, after the last acknowledged user record (the fetcher
+resumes after it). Before ``SHARD_END`` :meth:`ShardPipeline.drain` delivers whatever is
+gathered and waits until every lane's batches are acknowledged: ``SHARD_END`` is written
+only after the shard's last record is (invariant 2). With ``N = 1`` and no window this is
+the one-batch-in-flight delivery of SPEC's "Delivery", with the next ``GetRecords`` fetched
+while the batch is delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from typing import Any
+
+from ..records import Record
+from .gather import BatchGatherer
+from .options import DeliveryOptions
+
+__all__ = ["lane_of", "AckTracker", "ShardPipeline"]
+
+log = logging.getLogger(__name__)
+
+OnAck = Callable[[int], Awaitable[None]]
+DeliverBatch = Callable[[Sequence[Record], OnAck], Awaitable[Any]]
+
+
+def lane_of(partition_key: str, lanes: int) -> int:
+    """The lane (``0 .. lanes - 1``) of ``partition_key``: its MD5 modulo ``lanes``.
+
+    Keys of one shard share a range of the 128-bit MD5 space (the shard's hash key range),
+    so the low bits are used; Python's ``hash()`` is not used because it differs between
+    processes.
+    """
+    if lanes == 1:
+        return 0
+    digest = hashlib.md5(partition_key.encode("utf-8"), usedforsecurity=False).digest()
+    return int.from_bytes(digest[8:], "big") % lanes
+
+
+class AckTracker:
+    """Positions of one shard's records, in shard order, and which are acknowledged.
+
+    ``add`` registers records as they are fetched; ``ack`` marks records done (in any
+    order); ``advance`` returns the last record of the acknowledged prefix when it moved:
+    the highest position below which everything is acknowledged, the only safe checkpoint.
+    """
+
+    def __init__(self) -> None:
+        self._order: collections.deque[tuple[tuple[int, int], Record]] = collections.deque()
+        self._acked: set[tuple[int, int]] = set()
+
+    @property
+    def pending(self) -> int:
+        """Records registered and not yet behind the checkpoint."""
+        return len(self._order)
+
+    def add(self, records: Iterable[Record]) -> None:
+        """Register records in shard order (after those registered before)."""
+        self._order.extend((r.position, r) for r in records)
+
+    def ack(self, records: Iterable[Record]) -> None:
+        """Mark records acknowledged (delivered, filtered or dead-lettered)."""
+        self._acked.update(r.position for r in records)
+
+    def advance(self) -> Record | None:
+        """Drop the acknowledged prefix; its last record (the new checkpoint), or None if it did not move."""
+        last = None
+        order, acked = self._order, self._acked
+        while order and order[0][0] in acked:
+            position, last = order.popleft()
+            acked.discard(position)
+        return last
+
+    def clear(self) -> None:
+        """Forget everything (a seek: the records are fetched again)."""
+        self._order.clear()
+        self._acked.clear()
+
+
+@dataclasses.dataclass
+class _Lane:
+    index: int
+    gatherer: BatchGatherer
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+
+class ShardPipeline:
+    """gather -> lanes -> deliver -> acknowledge -> checkpoint, for one shard.
+
+    The consumer's loop calls :meth:`add` with each fetched response, :meth:`dispatch` to
+    start ready batches on idle lanes, :meth:`can_fetch` before its next fetch (False while
+    a busy lane already has a full batch waiting: that is the backpressure), :meth:`wait`
+    while it may not fetch, and :meth:`drain` at shard end.
+
+    Args:
+        options: the :class:`DeliveryOptions` (``parallelization_factor``, batch limits, window).
+        deliver: ``async deliver(batch, on_ack)``, e.g. ``DeliveryEngine.deliver``.
+        checkpoint: ``async checkpoint(record)``: write the checkpoint after ``record``.
+            Called one at a time, with positions that only grow.
+        max_records: the ``GetRecords`` ``Limit`` (the batch limit without ``max_batch_records``).
+        clock: monotonic seconds (the window).
+        acked: called with records once they are acknowledged (delivered, filtered or
+            dead-lettered), in no particular order across lanes: the byte budget and counters.
+        stats: figures to set: ``batches_in_flight``, ``max_batches_in_flight`` (gauges) and
+            ``batches`` (batches done).
+
+    Errors of a lane (``SinkError``, a refused checkpoint) are parked and raised by the next
+    :meth:`dispatch`, :meth:`wait` or :meth:`drain`; nothing is checkpointed past them.
+    """
+
+    def __init__(self, options: DeliveryOptions, deliver: DeliverBatch, checkpoint: Callable[[Record], Awaitable[None]],
+                 *, max_records: int, clock: Callable[[], float],
+                 acked: Callable[[Sequence[Record]], object] | None = None,
+                 stats: MutableMapping[str, Any] | None = None) -> None:
+        limit = options.batch_limit(max_records)
+        self._lanes = [_Lane(i, BatchGatherer(max_records=limit, max_bytes=options.max_batch_bytes,
+                                              window_s=options.batch_window_s, clock=clock))
+                       for i in range(options.parallelization_factor)]
+        self._deliver = deliver
+        self._checkpoint = checkpoint
+        self._acked = acked or (lambda records: None)
+        self.stats = stats if stats is not None else {}
+        self.stats.setdefault("max_batches_in_flight", 0)
+        self.tracker = AckTracker()
+        self._lock = asyncio.Lock()
+        self._error: BaseException | None = None
+
+    # ------------------------------------------------------------ state
+    @property
+    def in_flight(self) -> int:
+        """Batches handed to the downstream and not yet acknowledged (at most N)."""
+        return sum(lane.busy for lane in self._lanes)
+
+    @property
+    def gathered(self) -> int:
+        """Records gathered and not yet handed to the downstream."""
+        return sum(len(lane.gatherer) for lane in self._lanes)
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is gathered and nothing is in flight."""
+        return not self.in_flight and not self.gathered
+
+    def can_fetch(self) -> bool:
+        """False while a busy lane has a ready batch waiting (fetching more would only grow it)."""
+        return not any(lane.busy and lane.gatherer.ready() for lane in self._lanes)
+
+    def due_in(self) -> float | None:
+        """Seconds until an idle lane's batch is ready (0.0: now), or None (nothing to wait for)."""
+        dues = [d for lane in self._lanes if not lane.busy and (d := lane.gatherer.due_in()) is not None]
+        return min(dues) if dues else None
+
+    def _note_in_flight(self) -> None:
+        n = self.in_flight
+        self.stats["batches_in_flight"] = n
+        self.stats["max_batches_in_flight"] = max(self.stats["max_batches_in_flight"], n)
+
+    def _raise_parked(self) -> None:
+        for lane in self._lanes:
+            task = lane.task
+            if task is not None and task.done():
+                lane.task = None
+                if not task.cancelled() and task.exception() is not None and self._error is None:
+                    self._error = task.exception()
+        self._note_in_flight()
+        if self._error is not None:
+            raise self._error
+
+    # ------------------------------------------------------------ flow
+    def add(self, records: Sequence[Record]) -> None:
+        """Register fetched records (in shard order) and gather each into its key's lane."""
+        if not records:
+            return
+        self.tracker.add(records)
+        lanes = self._lanes
+        if len(lanes) == 1:
+            lanes[0].gatherer.add(records)
+            return
+        split: list[list[Record]] = [[] for _ in lanes]
+        for r in records:
+            split[lane_of(r.partition_key, len(lanes))].append(r)
+        for lane, part in zip(lanes, split):
+            if part:
+                lane.gatherer.add(part)
+
+    def dispatch(self, *, force: bool = False) -> int:
+        """Start the ready batch of every idle lane (``force``: whatever it holds); how many started.
+
+        Raises:
+            The parked error of a lane that failed.
+        """
+        self._raise_parked()
+        started = 0
+        for lane in self._lanes:
+            if lane.busy:
+                continue
+            batch = lane.gatherer.take(force=force)
+            if batch:
+                lane.task = asyncio.create_task(self._run(batch), name=f"lane-{lane.index}")
+                started += 1
+        self._note_in_flight()
+        return started
+
+    async def _run(self, batch: list[Record]) -> None:
+        acked = 0
+
+        async def on_ack(n: int) -> None:
+            nonlocal acked
+            newly, acked = batch[acked:n], max(acked, n)
+            self.tracker.ack(newly)
+            self._acked(newly)
+            await self._write_checkpoint()
+
+        await self._deliver(batch, on_ack)
+        if acked < len(batch):  # a deliver that returns has done every record
+            await on_ack(len(batch))
+        self.stats["batches"] = self.stats.get("batches", 0) + 1
+
+    async def _write_checkpoint(self) -> None:
+        async with self._lock:
+            last = self.tracker.advance()
+            if last is not None:
+                await self._checkpoint(last)
+
+    async def wait(self, timeout_s: float) -> None:
+        """Wait until a batch in flight is acknowledged, or ``timeout_s`` seconds; at once if none is.
+
+        Raises:
+            The parked error of a lane that failed.
+        """
+        tasks = [lane.task for lane in self._lanes if lane.task is not None and not lane.task.done()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_COMPLETED)
+        self._raise_parked()
+
+    async def drain(self, *, wait_s: float = 0.5, between: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Deliver everything gathered (window or not) and wait until all of it is acknowledged.
+
+        Args:
+            wait_s: longest single wait, seconds; ``between`` (e.g. the consumer's heartbeat)
+                is awaited after each.
+
+        Raises:
+            The parked error of a lane that failed.
+        """
+        while True:
+            self.dispatch(force=True)
+            if self.idle:
+                break
+            await self.wait(wait_s)
+            if between is not None:
+                await between()
+        await self._write_checkpoint()
+
+    async def settle(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the batches in flight (a stop); drop what is gathered.
+
+        Returns:
+            True if nothing is in flight any more.
+        """
+        for lane in self._lanes:
+            lane.gatherer.drop()
+        tasks = [lane.task for lane in self._lanes if lane.task is not None and not lane.task.done()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(0.0, timeout_s))
+        return not self.in_flight
+
+    async def cancel(self) -> None:
+        """Cancel the batches in flight and forget everything gathered (a seek, a lost lease)."""
+        tasks = [lane.task for lane in self._lanes if lane.task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:  # gather() of nothing still asks for an event loop (a task closed at exit has none)
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for lane in self._lanes:
+            lane.task = None
+            lane.gatherer.drop()
+        self.tracker.clear()
+        self._note_in_flight()

@@ -1,0 +1,112 @@
+"""The read loop with lanes: ``parallelization_factor > 1``, a batching window or a byte limit.
+
+One shard's records are gathered per lane (partition-key hash) by the consumer's
+:class:`~kinesis_actors.delivery.ShardPipeline`; up to ``parallelization_factor``
+batches are in flight at once. The loop fetches again while no busy lane has a full batch
+waiting (that is the backpressure: a shard holds at most N batches in flight and N
+gathered, within the reader's byte budget, which counts gathered records until they are
+acknowledged), and wakes at a window's end even while it waits before its next
+``GetRecords``. The checkpoint is the highest position below which every record is
+acknowledged. At shard end every gathered record is delivered and every lane's batches
+acknowledged before ``SHARD_END`` is written (invariant 2). A stop lets the batches in
+flight finish (the stop's grace bounds it) and drops what is gathered; a seek does the same
+before it reopens.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..delivery import ShardPipeline
+from ..records import Record
+
+if TYPE_CHECKING:
+    from .consumer import ShardConsumer
+
+__all__ = ["process_in_lanes"]
+
+
+async def _settle(consumer: ShardConsumer, lanes: ShardPipeline, step_s: float) -> None:
+    """Wait (alive) until no batch is in flight; the stop's grace cancels this wait."""
+    while lanes.in_flight:
+        consumer._alive()
+        await lanes.wait(step_s)
+
+
+async def _drained(consumer: ShardConsumer, lanes: ShardPipeline, interrupted: Callable[[], bool],
+                   step_s: float) -> bool:
+    """Shard end: deliver everything gathered, wait until every lane's batches are
+    acknowledged; True once they are (False if stopped or asked to seek meanwhile)."""
+    while not lanes.idle and not interrupted():
+        consumer._alive()
+        lanes.dispatch(force=True)
+        await lanes.wait(step_s)
+    return lanes.idle and not interrupted()
+
+
+async def _reopen(consumer: ShardConsumer) -> None:
+    """A seek: the gathered records are dropped, their bytes given back, then it applies."""
+    consumer.reading.give_back()
+    await consumer._apply_seek()
+
+
+async def process_in_lanes(consumer: ShardConsumer) -> None:
+    """``PROCESSING`` with lanes, until stopped or shard end (see the module docstring).
+
+    Raises:
+        SinkError, LeaseLostError, KinesisError: as the one-lane loop (a lane's error is
+            raised here; nothing is checkpointed past its records).
+    """
+    from .consumer import lag_ms  # the consumer's module imports this one
+
+    reading = consumer.reading
+    # (position of the last record, budget bytes) of each fetched response not yet behind the
+    # checkpoint: its bytes go back to the budget once every record of it is acknowledged
+    responses: collections.deque[tuple[tuple[int, int], int]] = collections.deque()
+
+    async def checkpoint(last: Record) -> None:
+        await consumer._checkpoint_after(last)
+        position = last.position
+        while responses and responses[0][0] <= position:
+            reading.give_back(min(responses.popleft()[1], reading.held_bytes))
+
+    lanes = consumer.delivery.pipeline(checkpoint, consumer._count_acked)
+    step_s = max(0.05, consumer.spec.renew_interval_s / 2)
+
+    def interrupted() -> bool:
+        return consumer._stopping() or consumer._seek is not None
+
+    try:
+        while True:
+            consumer._alive()
+            if consumer._stopping():
+                await _settle(consumer, lanes, step_s)
+                return
+            if consumer._seek is not None:
+                await _settle(consumer, lanes, step_s)
+                await lanes.cancel()
+                responses.clear()
+                await _reopen(consumer)
+            await consumer.checkpoints.flush(due_only=True)
+            lanes.dispatch()
+            if not lanes.can_fetch():
+                await lanes.wait(step_s)
+                continue
+            due, fetcher = lanes.due_in(), reading.fetcher
+            if due is not None and fetcher is not None and due < fetcher.due_in():
+                await consumer.delivery.sleep_alive(min(due, step_s))
+                continue
+            got = await reading.fetch(interrupted)
+            if got is None:
+                continue
+            consumer.stats["millis_behind_latest"] = lag_ms(got)
+            if len(got.records):
+                responses.append((got.records[-1].position, got.bytes))
+            lanes.add(got.records)
+            if got.shard_end and await _drained(consumer, lanes, interrupted, step_s):
+                await consumer._shard_end()
+                return
+    finally:
+        await lanes.cancel()

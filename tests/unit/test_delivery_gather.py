@@ -1,0 +1,75 @@
+"""BatchGatherer: batch size, bytes and window, on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from kinesis_actors import InvalidError
+from kinesis_actors.delivery import BatchGatherer, record_size
+from kinesis_actors.testing import FakeClock
+
+from .delivery_fakes import rec, recs
+
+
+def test_without_a_window_what_is_gathered_goes_at_once_within_the_limit() -> None:
+    g = BatchGatherer(max_records=50, clock=FakeClock())
+    g.add(recs(120))
+    sizes = [len(b) for b in iter(g.take, None)]
+    assert sizes == [50, 50, 20] and len(g) == 0 and g.held_bytes == 0
+
+
+def test_a_window_waits_until_the_limit_or_the_window_end() -> None:
+    clock = FakeClock()
+    g = BatchGatherer(max_records=10, window_s=2.0, clock=clock)
+    g.add(recs(4))
+    assert g.take() is None and g.due_in() == pytest.approx(2.0)
+    clock.advance(1.5)
+    g.add([rec(i) for i in range(4, 8)])
+    assert g.take() is None and g.due_in() == pytest.approx(0.5)  # counted from the oldest record
+    clock.advance(0.5)
+    assert g.ready()
+    assert [r.sequence_number for r in g.take() or []] == [str(1000 + i) for i in range(8)]
+    assert g.due_in() is None
+
+
+def test_a_full_batch_goes_before_the_window_ends_and_the_rest_keeps_its_own_time() -> None:
+    clock = FakeClock()
+    g = BatchGatherer(max_records=5, window_s=10.0, clock=clock)
+    g.add(recs(7))
+    assert len(g.take() or []) == 5
+    assert g.take() is None and g.due_in() == pytest.approx(10.0)
+    clock.advance(10.0)
+    assert len(g.take() or []) == 2
+
+
+def test_the_byte_limit_counts_payload_and_key_and_a_large_record_goes_alone() -> None:
+    clock = FakeClock()
+    small = [rec(i, key="k", data=b"x" * 9) for i in range(5)]  # 10 bytes each
+    big = rec(9, key="k", data=b"y" * 99)
+    assert record_size(small[0]) == 10
+    g = BatchGatherer(max_records=100, max_bytes=30, window_s=5.0, clock=clock)
+    g.add(small[:2])
+    assert g.take() is None  # 20 of 30 bytes
+    g.add(small[2:3])
+    assert [r.sequence_number for r in g.take() or []] == ["1000", "1001", "1002"]  # exactly 30
+    g.add([small[3], big, small[4]])
+    assert [len(b) for b in iter(g.take, None)] == [1, 1]  # r3 alone (big does not fit), then big alone
+    assert g.take() is None and len(g) == 1
+    assert [len(b) for b in g.take_all()] == [1]
+
+
+def test_held_bytes_follow_what_is_gathered() -> None:
+    g = BatchGatherer(max_records=3, window_s=1.0, clock=FakeClock())
+    g.add(recs(5))
+    total = sum(record_size(r) for r in recs(5))
+    assert g.held_bytes == total
+    batch = g.take() or []
+    assert g.held_bytes == total - sum(record_size(r) for r in batch)
+    assert len(g.drop()) == 2 and g.held_bytes == 0
+
+
+def test_bad_limits_are_refused() -> None:
+    with pytest.raises(InvalidError):
+        BatchGatherer(max_records=0, clock=FakeClock())
+    with pytest.raises(InvalidError):
+        BatchGatherer(max_records=1, window_s=-1, clock=FakeClock())

@@ -1,0 +1,199 @@
+"""ShardPipeline and AckTracker: N batches in flight per shard, order per key, the safe checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from kinesis_actors import SinkError
+from kinesis_actors.delivery import AckTracker, DeliveryOptions, ShardPipeline, lane_of
+from kinesis_actors.records import Record
+from kinesis_actors.testing import FakeClock
+
+from .delivery_fakes import rec
+
+
+def test_lane_of_is_stable_and_spreads_keys() -> None:
+    assert lane_of("anything", 1) == 0
+    assert lane_of("order-42", 4) == lane_of("order-42", 4)
+    counts = collections.Counter(lane_of(f"key-{i}", 4) for i in range(400))
+    assert set(counts) == {0, 1, 2, 3} and min(counts.values()) > 60
+
+
+def test_the_tracker_checkpoints_only_below_the_first_unacknowledged_record() -> None:
+    t = AckTracker()
+    records = [rec(i) for i in range(5)]
+    t.add(records)
+    t.ack([records[1], records[3]])
+    assert t.advance() is None
+    t.ack([records[0]])
+    last = t.advance()
+    assert last is records[1] and t.pending == 3
+    t.ack([records[2], records[4]])
+    assert t.advance() is records[4] and t.pending == 0
+
+
+def test_the_tracker_orders_kpl_user_records_by_sub_sequence() -> None:
+    t = AckTracker()
+    users = [rec(1, sub=i) for i in range(3)]  # one aggregate: one sequence number
+    t.add(users)
+    t.ack([users[0], users[2]])
+    last = t.advance()
+    assert last is users[0] and last.sub_sequence_number == 0  # the checkpoint falls inside the aggregate
+    t.ack([users[1]])
+    assert t.advance() is users[2]
+
+
+class SlowSink:
+    """Each batch waits until released; records every batch and the most in flight."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Record]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.gate = asyncio.Event()
+        self.fail_key: str | None = None
+
+    async def deliver(self, batch: Sequence[Record], on_ack: Any) -> None:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await self.gate.wait()
+            if self.fail_key and any(r.partition_key == self.fail_key for r in batch):
+                raise SinkError("refused")
+            self.batches.append(list(batch))
+        finally:
+            self.in_flight -= 1
+
+
+def keyed(n: int, keys: int) -> list[Record]:
+    return [rec(i, key=f"key-{i % keys}") for i in range(n)]
+
+
+async def pump(pipeline: ShardPipeline, records: list[Record], chunk: int) -> None:
+    """A consumer loop in miniature: add a fetched chunk when allowed, dispatch, wait."""
+    pos = 0
+    while pos < len(records):
+        if pipeline.can_fetch():
+            pipeline.add(records[pos:pos + chunk])
+            pos += chunk
+        pipeline.dispatch()
+        await pipeline.wait(0.01)
+    await pipeline.drain(wait_s=0.01)
+
+
+def test_n_lanes_deliver_in_parallel_keep_key_order_and_checkpoint_the_safe_prefix() -> None:
+    sink, checkpoints = SlowSink(), []
+    released: list[Record] = []
+
+    async def checkpoint(r: Record) -> None:
+        checkpoints.append(r.position)
+
+    async def main() -> ShardPipeline:
+        p = ShardPipeline(DeliveryOptions(parallelization_factor=4, max_batch_records=10), sink.deliver, checkpoint,
+                          max_records=1000, clock=FakeClock(), acked=released.extend)
+        records = keyed(400, 32)
+        loop = asyncio.create_task(pump(p, records, 100))
+        for _ in range(200):  # let the lanes fill, then release them
+            await asyncio.sleep(0)
+        sink.gate.set()
+        await asyncio.wait_for(loop, 10)
+        return p
+
+    p = asyncio.run(main())
+    assert sink.max_in_flight == 4 and p.stats["max_batches_in_flight"] == 4 and p.stats["batches_in_flight"] == 0
+    assert all(len(b) <= 10 for b in sink.batches)
+    delivered = [r for b in sink.batches for r in b]
+    assert sorted(int(r.sequence_number) for r in delivered) == list(range(1000, 1400))
+    per_key: dict[str, list[int]] = collections.defaultdict(list)
+    for r in delivered:
+        per_key[r.partition_key].append(int(r.sequence_number))
+    assert all(seqs == sorted(seqs) for seqs in per_key.values())  # order kept per partition key
+    assert checkpoints == sorted(checkpoints) and checkpoints[-1] == rec(399).position
+    assert p.tracker.pending == 0 and sorted(r.position for r in released) == sorted(r.position for r in delivered)
+    assert p.stats["batches"] == len(sink.batches)
+
+
+def test_a_busy_lane_with_a_full_batch_waiting_stops_the_fetching() -> None:
+    sink = SlowSink()
+
+    async def checkpoint(r: Record) -> None:
+        pass
+
+    async def main() -> None:
+        p = ShardPipeline(DeliveryOptions(parallelization_factor=1, max_batch_records=5), sink.deliver, checkpoint,
+                          max_records=1000, clock=FakeClock())
+        p.add(keyed(5, 1))
+        assert p.dispatch() == 1 and p.can_fetch()  # the lane is busy, nothing waits
+        p.add(keyed(3, 1))
+        assert p.can_fetch() is False  # window 0: 3 records are a ready batch waiting for the busy lane
+        sink.gate.set()
+        await p.drain(wait_s=0.01)
+
+    asyncio.run(main())
+
+
+def test_shard_end_drain_waits_for_every_lane_and_delivers_the_window_early() -> None:
+    sink, checkpoints = SlowSink(), []
+
+    async def checkpoint(r: Record) -> None:
+        checkpoints.append(int(r.sequence_number))
+
+    async def main() -> None:
+        p = ShardPipeline(DeliveryOptions(parallelization_factor=3, batch_window_s=60.0), sink.deliver, checkpoint,
+                          max_records=1000, clock=FakeClock())
+        p.add(keyed(30, 9))
+        assert p.dispatch() == 0 and p.due_in() == pytest.approx(60.0)  # the window holds them
+        drained = asyncio.create_task(p.drain(wait_s=0.01))
+        await asyncio.sleep(0.05)
+        assert not drained.done() and sink.in_flight == 3  # SHARD_END must wait for all 3
+        sink.gate.set()
+        await asyncio.wait_for(drained, 5)
+        assert p.idle and p.tracker.pending == 0
+
+    asyncio.run(main())
+    assert checkpoints[-1] == 1029
+
+
+def test_a_failing_lane_parks_its_error_and_the_checkpoint_stays_before_its_records() -> None:
+    sink, checkpoints = SlowSink(), []
+    sink.fail_key = "key-1"
+
+    async def checkpoint(r: Record) -> None:
+        checkpoints.append(int(r.sequence_number))
+
+    async def main() -> None:
+        p = ShardPipeline(DeliveryOptions(parallelization_factor=2), sink.deliver, checkpoint, max_records=1000,
+                          clock=FakeClock())
+        p.add(keyed(10, 2))
+        p.dispatch()
+        sink.gate.set()
+        with pytest.raises(SinkError):
+            await p.drain(wait_s=0.01)
+
+    asyncio.run(main())
+    assert not checkpoints or checkpoints[-1] < 1001  # record 1001 (key-1) was never acknowledged
+
+
+def test_settle_waits_for_batches_in_flight_and_drops_the_gathered() -> None:
+    sink = SlowSink()
+
+    async def checkpoint(r: Record) -> None:
+        pass
+
+    async def main() -> None:
+        p = ShardPipeline(DeliveryOptions(max_batch_records=2), sink.deliver, checkpoint, max_records=1000,
+                          clock=FakeClock())
+        p.add(keyed(6, 1))
+        p.dispatch()
+        assert await p.settle(0.01) is False and p.gathered == 0  # still in flight at the deadline
+        sink.gate.set()
+        assert await p.settle(1.0) is True
+        await p.cancel()
+        assert p.tracker.pending == 0
+
+    asyncio.run(main())
