@@ -96,6 +96,7 @@ class _Lane:
     index: int
     gatherer: BatchGatherer
     task: asyncio.Task[None] | None = None
+    last: tuple[int, int] | None = None  # position of the last record of the lane's last batch
 
     @property
     def busy(self) -> bool:
@@ -140,6 +141,7 @@ class ShardPipeline:
         self.stats = stats if stats is not None else {}
         self.stats.setdefault("max_batches_in_flight", 0)
         self.tracker = AckTracker()
+        self._behind: tuple[int, int] | None = None  # position of the last record behind the checkpoint
         self._lock = asyncio.Lock()
         self._error: BaseException | None = None
 
@@ -159,13 +161,23 @@ class ShardPipeline:
         """True when nothing is gathered and nothing is in flight."""
         return not self.in_flight and not self.gathered
 
+    def _may_start(self, lane: _Lane) -> bool:
+        """A lane starts its next batch once it is idle and its last batch lies behind the
+        acknowledged prefix (the checkpoint): each lane then has at most one batch with
+        records past the checkpoint, so a failure redelivers at most N batches of the shard
+        (invariant 10 with N lanes), not every batch a fast lane acknowledged ahead of a
+        slow one."""
+        if lane.busy:
+            return False
+        return lane.last is None or (self._behind is not None and lane.last <= self._behind)
+
     def can_fetch(self) -> bool:
-        """False while a busy lane has a ready batch waiting (fetching more would only grow it)."""
-        return not any(lane.busy and lane.gatherer.ready() for lane in self._lanes)
+        """False while a lane that may not start has a ready batch waiting (fetching more would only grow it)."""
+        return not any(lane.gatherer.ready() and not self._may_start(lane) for lane in self._lanes)
 
     def due_in(self) -> float | None:
-        """Seconds until an idle lane's batch is ready (0.0: now), or None (nothing to wait for)."""
-        dues = [d for lane in self._lanes if not lane.busy and (d := lane.gatherer.due_in()) is not None]
+        """Seconds until the batch of a lane that may start is ready (0.0: now), or None (nothing to wait for)."""
+        dues = [d for lane in self._lanes if self._may_start(lane) and (d := lane.gatherer.due_in()) is not None]
         return min(dues) if dues else None
 
     def _note_in_flight(self) -> None:
@@ -202,7 +214,8 @@ class ShardPipeline:
                 lane.gatherer.add(part)
 
     def dispatch(self, *, force: bool = False) -> int:
-        """Start the ready batch of every idle lane (``force``: whatever it holds); how many started.
+        """Start the ready batch of every lane that may start (idle, its last batch behind the
+        checkpoint; ``force``: whatever it holds); how many started.
 
         Raises:
             The parked error of a lane that failed.
@@ -210,10 +223,11 @@ class ShardPipeline:
         self._raise_parked()
         started = 0
         for lane in self._lanes:
-            if lane.busy:
+            if not self._may_start(lane):
                 continue
             batch = lane.gatherer.take(force=force)
             if batch:
+                lane.last = batch[-1].position
                 lane.task = asyncio.create_task(self._run(batch), name=f"lane-{lane.index}")
                 started += 1
         self._note_in_flight()
@@ -238,6 +252,7 @@ class ShardPipeline:
         async with self._lock:
             last = self.tracker.advance()
             if last is not None:
+                self._behind = last.position
                 await self._checkpoint(last)
 
     async def wait(self, timeout_s: float) -> None:
@@ -292,6 +307,8 @@ class ShardPipeline:
             await asyncio.gather(*tasks, return_exceptions=True)
         for lane in self._lanes:
             lane.task = None
+            lane.last = None
             lane.gatherer.drop()
         self.tracker.clear()
+        self._behind = None
         self._note_in_flight()

@@ -197,3 +197,48 @@ def test_settle_waits_for_batches_in_flight_and_drops_the_gathered() -> None:
         assert p.tracker.pending == 0
 
     asyncio.run(main())
+
+
+class PerLaneSink:
+    """Holds the batches of one lane until released; acknowledges every other lane's at once."""
+
+    def __init__(self, slow_lane: int, lanes: int) -> None:
+        self.slow_lane, self.lanes = slow_lane, lanes
+        self.release = asyncio.Event()
+        self.batches: list[list[Record]] = []
+
+    async def deliver(self, batch: Sequence[Record], on_ack: Any) -> None:
+        if lane_of(batch[0].partition_key, self.lanes) == self.slow_lane:
+            await self.release.wait()
+        self.batches.append(list(batch))
+
+
+def test_a_fast_lane_waits_for_the_checkpoint_so_a_failure_redelivers_at_most_n_batches() -> None:
+    """One lane's batch is held; the other lanes acknowledge theirs at once. Without a bound they
+    would run ahead, and everything they acknowledged past the held batch (the checkpoint
+    cannot pass it) would be delivered again after a failure. Each lane starts its next batch
+    only once its last one is behind the checkpoint: at most N batches past it, ever."""
+    lanes = 4
+    sink, checkpoints = PerLaneSink(slow_lane=lane_of("key-0", lanes), lanes=lanes), []
+
+    async def checkpoint(r: Record) -> None:
+        checkpoints.append(r.position)
+
+    async def main() -> ShardPipeline:
+        p = ShardPipeline(DeliveryOptions(parallelization_factor=lanes, max_batch_records=5), sink.deliver,
+                          checkpoint, max_records=1000, clock=FakeClock())
+        records = keyed(400, 32)
+        loop = asyncio.create_task(pump(p, records, 40))
+        for _ in range(300):
+            await asyncio.sleep(0)
+        past = [b for b in sink.batches if b[-1].position > (checkpoints[-1] if checkpoints else (0, 0))]
+        assert len(sink.batches) <= lanes - 1, f"fast lanes ran ahead of the held one: {len(sink.batches)} batches"
+        assert len(past) <= lanes
+        sink.release.set()
+        await asyncio.wait_for(loop, 10)
+        return p
+
+    p = asyncio.run(main())
+    delivered = sorted(int(r.sequence_number) for b in sink.batches for r in b)
+    assert delivered == list(range(1000, 1400)) and p.tracker.pending == 0
+    assert checkpoints == sorted(checkpoints) and checkpoints[-1] == rec(399).position
