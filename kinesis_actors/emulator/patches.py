@@ -23,6 +23,9 @@ process that serves):
   input when none), and the arrival gap in ms between that record and the newest one.
 * ``get_sequence_number_at`` (AT_TIMESTAMP iterators) bisects a running maximum of the
   arrival times instead of scanning.
+* ``Record.created_at`` is whatever moto makes it: epoch seconds (a float) up to moto
+  5.2.5, a naive UTC ``datetime`` from 5.2.6. The index keeps it as it is (a running
+  maximum compares either) and :func:`_seconds` turns a difference of two into seconds.
 * ``Shard.records`` becomes a property: moto's ``split_shard`` replaces the dict
   wholesale, and the setter rebuilds the index.
 * **Non-atomic conditional writes.** moto's DynamoDB evaluates a ``ConditionExpression``
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import datetime
 import functools
 import inspect
 import logging
@@ -146,11 +150,10 @@ def _indexed_storage(orig_init: Callable[..., None]) -> tuple[Callable[..., None
 
     def _set_records(self: Any, value: dict[int, Any]) -> None:
         seqs = sorted(value)
-        arrivals: list[float] = []
-        top = float("-inf")
+        arrivals: list[Any] = []
         for seq in seqs:
-            top = max(top, value[seq].created_at)
-            arrivals.append(top)
+            created = value[seq].created_at
+            arrivals.append(max(arrivals[-1], created) if arrivals else created)
         with self._ka_lock:
             self._ka_records = value
             self._ka_seqs = seqs
@@ -191,7 +194,7 @@ def _indexed_reads() -> tuple[Callable[..., Any], ...]:
             results = [by_seq[seq] for seq in seqs[start:end]]
             newest = by_seq[seqs[-1]]
         last = results[-1]
-        millis_behind_latest = int((newest.created_at - last.created_at) * 1000)
+        millis_behind_latest = int(_seconds(newest.created_at - last.created_at) * 1000)
         return results, last.sequence_number, millis_behind_latest
 
     def get_min_sequence_number(self: Any) -> int:
@@ -202,7 +205,7 @@ def _indexed_reads() -> tuple[Callable[..., Any], ...]:
         seqs = self._ka_seqs
         return seqs[-1] if seqs else 0
 
-    def get_sequence_number_at(self: Any, at_timestamp: float) -> int:
+    def get_sequence_number_at(self: Any, at_timestamp: Any) -> int:
         # Stock: 0 when empty or at/before the first arrival, else the last record
         # that arrived strictly before at_timestamp.
         with self._ka_lock:
@@ -210,6 +213,19 @@ def _indexed_reads() -> tuple[Callable[..., Any], ...]:
             return self._ka_seqs[idx - 1] if idx > 0 else 0
 
     return get_records, get_min_sequence_number, get_max_sequence_number, get_sequence_number_at
+
+
+def _seconds(delta: Any) -> float:
+    """A difference of two ``Record.created_at`` values in seconds: a ``timedelta``
+    (moto >= 5.2.6, datetimes) or a number (earlier moto, epoch seconds)."""
+    return float(delta.total_seconds()) if hasattr(delta, "total_seconds") else float(delta)
+
+
+def _shift(created_at: Any, seconds: float) -> Any:
+    """A ``Record.created_at`` value moved by ``seconds``, in the same type."""
+    if isinstance(created_at, datetime.datetime):
+        return created_at + datetime.timedelta(seconds=seconds)
+    return created_at + seconds
 
 
 def _self_test(models: Any) -> None:
@@ -228,8 +244,8 @@ def _self_test(models: Any) -> None:
             and [r.sequence_number for r in shard.get_records("2", None)[0]] == [3]
             and shard.get_records("3", 5)[:2] == ([], 3)
             and (shard.get_min_sequence_number(), shard.get_max_sequence_number()) == (1, 3)
-            and shard.get_sequence_number_at(0.0) == 0
-            and shard.get_sequence_number_at(shard.records[3].created_at + 1.0) == 3
+            and shard.get_sequence_number_at(_shift(shard.records[1].created_at, -1.0)) == 0
+            and shard.get_sequence_number_at(_shift(shard.records[3].created_at, 1.0)) == 3
             and list(shard.records) == [1, 2, 3]
         )
         shard.records = collections.OrderedDict()

@@ -406,6 +406,40 @@ def test_shard_locks_are_per_shard() -> None:
     assert done.stdout.strip() == "OK"
 
 
+@pytest.mark.parametrize("clock", ["datetime", "epoch"])
+def test_patched_shard_takes_either_arrival_type(clock: str) -> None:
+    """moto <= 5.2.5 stamps ``Record.created_at`` with epoch seconds, 5.2.6 with a naive UTC
+    datetime: the patched Shard (index, MillisBehindLatest, AT_TIMESTAMP) works on both."""
+    script = textwrap.dedent(
+        f"""
+        import datetime, time
+        from moto.kinesis import models
+        from kinesis_actors.emulator.patches import patch_moto
+        stamps = iter(range(100))
+        t0 = datetime.datetime(2026, 1, 1)
+        if {clock!r} == "epoch":
+            models.utcnow = lambda: 1_700_000_000.0 + next(stamps)
+        else:
+            models.utcnow = lambda: t0 + datetime.timedelta(seconds=next(stamps))
+        patch_moto()
+        shard = models.Shard(0, 0, 2**128 - 1)
+        for i in range(4):
+            shard.put_record(f"k{{i}}", "AA==", None)
+        records, last, behind = shard.get_records("1", 2)
+        assert [r.sequence_number for r in records] == [2, 3] and last == 3, records
+        assert behind == 1000, behind
+        third = shard.records[3].created_at
+        assert shard.get_sequence_number_at(third) == 2
+        shard.records = dict(shard.records)
+        assert shard.get_sequence_number_at(third) == 2
+        print("OK")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "OK"
+
+
 def test_patch_refuses_changed_moto_internals() -> None:
     from moto.kinesis import models
 
