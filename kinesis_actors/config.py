@@ -164,8 +164,10 @@ class KinesisStream:
             acknowledged without delivery and counted (metric ``records_filtered``). A filter
             that raises fails the subscription with ``SinkError``. Lambda's ``FilterCriteria``.
         parallelization_factor: 1..10 batches of one shard in flight at once, split by
-            partition-key hash (records of one key keep their order); the checkpoint is the
-            highest position below which every record is acknowledged. Needs a push sink.
+            partition key (records of one key keep their order), in rounds: a contiguous
+            run of the shard cut into one batch per lane, the next round once all of the
+            last is acknowledged, so a failure redelivers at most N batches. The checkpoint
+            is the highest position below which every record is acknowledged. Needs a push sink.
             Lambda's ``ParallelizationFactor``.
 
     Raises:

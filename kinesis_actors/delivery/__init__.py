@@ -6,7 +6,7 @@
 * :mod:`.engine`: :class:`DeliveryEngine` (retries, partial acknowledgement, bisection,
   maximum record age, filter).
 * :mod:`.parallel`: :class:`ShardPipeline` and :class:`AckTracker` (batches in flight per
-  shard, by partition-key hash; the checkpoint below which everything is acknowledged).
+  shard, by partition key, in rounds; the checkpoint below which everything is acknowledged).
 
 All of it is plain code with injected sink calls, clocks and sleeps; the reader wires it.
 """
@@ -15,8 +15,8 @@ from .dead_letter import DeadLetterWriter, dead_letter_document
 from .engine import DeliveryEngine, DeliveryResult, partial_failed_from
 from .gather import BatchGatherer, record_size
 from .options import DeliveryOptions, check_picklable_filter, check_sink_mode
-from .parallel import AckTracker, ShardPipeline, lane_of
+from .parallel import AckTracker, ShardPipeline
 
 __all__ = ["DeliveryOptions", "check_sink_mode", "check_picklable_filter", "DeadLetterWriter", "dead_letter_document",
            "BatchGatherer", "record_size", "DeliveryEngine", "DeliveryResult", "partial_failed_from", "AckTracker",
-           "ShardPipeline", "lane_of"]
+           "ShardPipeline"]

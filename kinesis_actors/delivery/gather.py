@@ -16,6 +16,7 @@ consumer gives their bytes back only once the batch they end up in is acknowledg
 from __future__ import annotations
 
 import collections
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import InvalidError
@@ -30,7 +31,22 @@ def record_size(record: Record) -> int:
 
 
 class BatchGatherer:
-    """Records of one shard (or one lane of a shard) waiting to form a batch, in order.
+    """Records of one shard waiting to form a batch (or a round of lane batches), in order.
+
+    With ``lanes > 1`` (``parallelization_factor``) what is taken is a **round**: a
+    contiguous run of held records, in shard order, cut into one batch per lane by
+    partition key. Within a round every record of one key goes to the same lane, and a
+    key seen first in the round goes to the lane holding the fewest records, so the
+    lanes fill evenly whatever the keys hash to. (Rounds are delivered one after another,
+    so a key may use another lane in the next round and its records still arrive in
+    order.) A round is full once its next record's lane has reached a limit, or when a
+    new key finds every lane full; ``max_bytes`` applies per lane. Rounds keep every
+    lane's batch inside one contiguous span of the shard, so once a round is
+    acknowledged the checkpoint lies past all of it. Lanes that gathered independently,
+    by a fixed hash of the key, ended their batches at scattered positions, and with the
+    checkpoint rule a lane could rarely start before the others' next batches were done;
+    a fixed hash also leaves lanes uneven (64 keys hash to lanes of 10 to 21 keys), and
+    the fullest lane closes the round.
 
     Args:
         max_records: most records per batch (> 0).
@@ -39,22 +55,32 @@ class BatchGatherer:
         window_s: longest wait from the oldest gathered record to its delivery, seconds
             (0.0: every :meth:`take` returns what is there).
         clock: monotonic seconds.
+        lanes: batches per round (>= 1).
 
     Raises:
-        InvalidError: a limit that is not positive, or a negative window.
+        InvalidError: a limit that is not positive, a negative window, or ``lanes < 1``.
     """
 
     def __init__(self, *, max_records: int, max_bytes: int | None = None, window_s: float = 0.0,
-                 clock: Callable[[], float]) -> None:
-        if max_records <= 0 or (max_bytes is not None and max_bytes <= 0) or window_s < 0:
-            raise InvalidError(f"BatchGatherer needs max_records > 0, max_bytes > 0 or None and window_s >= 0, got "
-                               f"{max_records!r}, {max_bytes!r}, {window_s!r}")
+                 clock: Callable[[], float], lanes: int = 1) -> None:
+        if max_records <= 0 or (max_bytes is not None and max_bytes <= 0) or window_s < 0 or lanes < 1:
+            raise InvalidError(f"BatchGatherer needs max_records > 0, max_bytes > 0 or None, window_s >= 0 and "
+                               f"lanes >= 1, got {max_records!r}, {max_bytes!r}, {window_s!r}, {lanes!r}")
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.window_s = window_s
+        self.lanes = lanes
         self._clock = clock
-        self._held: collections.deque[tuple[float, Record, int]] = collections.deque()
+        self._held: collections.deque[tuple[float, Record, int]] = collections.deque()  # (gathered at, record, size)
         self.held_bytes = 0
+        # The round at the front of _held: how many records, whether a limit closed it, each
+        # record's lane, per-lane shares, and the lane of each key in it.
+        self._round = 0
+        self._full = False
+        self._lane_by_index: list[int] = []
+        self._counts = [0] * lanes
+        self._sizes = [0] * lanes
+        self._key_lane: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._held)
@@ -66,26 +92,51 @@ class BatchGatherer:
             n = record_size(r)
             self._held.append((now, r, n))
             self.held_bytes += n
+        self._extend_round()
 
-    def _full_count(self) -> int:
-        """How many records from the front make a full batch (a limit reached), or 0."""
+    def _extend_round(self) -> None:
+        """Grow the front round over newly held records until the next one cannot join (its lane is full)."""
         held = self._held
-        if self.max_bytes is None:
-            return self.max_records if len(held) >= self.max_records else 0
-        size = 0
-        for count, (_, _, n) in enumerate(held):  # count: records before this one
-            if count == self.max_records:
-                return count
-            if size + n > self.max_bytes:
-                return max(count, 1)  # a single record above the limit goes alone
-            size += n
-        return len(held) if len(held) == self.max_records or size == self.max_bytes else 0
+        if self._full or self._round == len(held):
+            return
+        if self.lanes == 1 and self.max_bytes is None:  # O(1): one batch of up to max_records
+            self._round = min(len(held), self.max_records)
+            self._full = self._round == self.max_records
+            return
+        counts, sizes, key_lane = self._counts, self._sizes, self._key_lane
+        for _, record, n in itertools.islice(held, self._round, None):
+            lane = key_lane.get(record.partition_key)
+            if lane is None:
+                lane = counts.index(min(counts))
+            if self._at_limit(lane, n):
+                self._full = True  # the round ends before this record
+                return
+            key_lane[record.partition_key] = lane
+            counts[lane] += 1
+            sizes[lane] += n
+            self._lane_by_index.append(lane)
+            self._round += 1
+        if all(self._filled(lane) for lane in range(self.lanes)):
+            self._full = True  # ready without waiting to see the record after it
+
+    def _filled(self, lane: int) -> bool:
+        """True once ``lane`` holds ``max_records`` records or ``max_bytes`` bytes."""
+        return self._counts[lane] >= self.max_records or (
+            self.max_bytes is not None and self._sizes[lane] >= self.max_bytes)
+
+    def _at_limit(self, lane: int, n: int) -> bool:
+        """True if ``lane`` cannot take one more record of ``n`` bytes (a record larger than
+        ``max_bytes`` still goes alone into an empty lane)."""
+        count = self._counts[lane]
+        if count >= self.max_records:
+            return True
+        return self.max_bytes is not None and count > 0 and self._sizes[lane] + n > self.max_bytes
 
     def due_in(self) -> float | None:
         """Seconds until a batch is ready (0.0: ready now), or None when nothing is held."""
         if not self._held:
             return None
-        if self.window_s == 0 or self._full_count():
+        if self.window_s == 0 or self._full:
             return 0.0
         return max(0.0, self._held[0][0] + self.window_s - self._clock())
 
@@ -93,36 +144,36 @@ class BatchGatherer:
         """True when :meth:`take` would return a batch."""
         return self.due_in() == 0.0
 
-    def take(self, *, force: bool = False) -> list[Record] | None:
-        """The next batch if one is ready (or ``force``: whatever is held, within the limits), else None.
+    def take_round(self, *, force: bool = False) -> list[list[Record]] | None:
+        """The next round, one list per lane (some maybe empty), if ready (or ``force``), else None.
 
-        A batch never exceeds ``max_records`` nor (but for a single large record) ``max_bytes``.
+        No lane's batch exceeds ``max_records`` nor (but for a single large record) ``max_bytes``.
         """
-        if not self._held:
+        if not self._held or not (force or self.ready()):
             return None
-        count = self._full_count()
-        if not count:
-            if not force and self.window_s > 0 and self._clock() - self._held[0][0] < self.window_s:
-                return None
-            count = self._limited_count()
-        batch: list[Record] = []
-        for _ in range(count):
-            _, record, n = self._held.popleft()
+        parts: list[list[Record]] = [[] for _ in range(self.lanes)]
+        popleft = self._held.popleft
+        for lane in self._lane_by_index if self._lane_by_index else itertools.repeat(0, self._round):
+            _, record, n = popleft()
             self.held_bytes -= n
-            batch.append(record)
-        return batch
+            parts[lane].append(record)
+        self._restart_round()
+        return parts
 
-    def _limited_count(self) -> int:
-        """Records from the front within both limits (at least one)."""
-        if self.max_bytes is None:
-            return min(len(self._held), self.max_records)
-        size, count = 0, 0
-        for _, _, n in self._held:
-            if count == self.max_records or (count and size + n > self.max_bytes):
-                break
-            size += n
-            count += 1
-        return count
+    def take(self, *, force: bool = False) -> list[Record] | None:
+        """The next batch (a round's records in shard order) if ready (or ``force``), else None."""
+        parts = self.take_round(force=force)
+        if parts is None:
+            return None
+        return parts[0] if self.lanes == 1 else sorted((r for p in parts for r in p), key=lambda r: r.position)
+
+    def _restart_round(self) -> None:
+        self._round, self._full = 0, False
+        self._lane_by_index = []
+        self._counts = [0] * self.lanes
+        self._sizes = [0] * self.lanes
+        self._key_lane = {}
+        self._extend_round()
 
     def take_all(self) -> list[list[Record]]:
         """Every held record as batches within the limits (a drain: shard end), in order."""
@@ -136,4 +187,5 @@ class BatchGatherer:
         records = [r for _, r, _ in self._held]
         self._held.clear()
         self.held_bytes = 0
+        self._restart_round()
         return records

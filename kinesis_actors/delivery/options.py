@@ -64,7 +64,7 @@ class DeliveryOptions:
         record_filter: ``Callable[[Record], bool]``; records it rejects are acknowledged
             without delivery. None: deliver everything.
         parallelization_factor: batches of one shard in flight at once (1-10), split by
-            partition-key hash.
+            partition key, delivered in rounds (see :mod:`.parallel`).
     """
 
     max_sink_retries: int = 5

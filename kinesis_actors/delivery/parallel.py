@@ -1,10 +1,13 @@
 """Parallel delivery of one shard: up to N batches in flight, order kept per partition key.
 
-Lambda's ``ParallelizationFactor``: one shard's records are split by partition-key hash
-into ``N`` lanes (:func:`lane_of`, MD5 as Kinesis hashes keys, so it is the same in every
-process); each lane gathers its own batches (:class:`~.gather.BatchGatherer`) and has at
-most one in flight, so records of one key are delivered in order and at most ``N``
-batches of the shard are unacknowledged (invariants 8 and 10 read "N batches").
+Lambda's ``ParallelizationFactor``: one shard's records are split by partition key into
+``N`` lanes. Batches go out in **rounds** (:meth:`~.gather.BatchGatherer.take_round`): a
+round is a contiguous run of the shard cut into one batch per lane (every record of one
+key in the same batch, keys spread so the lanes fill evenly), and the next round
+starts once every batch of the last one is acknowledged, which puts the checkpoint past
+all of it. So records of one key are delivered in order, at most ``N`` batches are in
+flight, and at most ``N`` batches (one round) lie past the checkpoint: a failure
+redelivers at most those (invariants 8 and 10 read "N batches").
 
 The checkpoint is the highest position below which every record is acknowledged
 (:class:`AckTracker`): positions are ``(sequence number, sub-sequence)``, so a checkpoint
@@ -21,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
@@ -30,25 +32,12 @@ from ..records import Record
 from .gather import BatchGatherer
 from .options import DeliveryOptions
 
-__all__ = ["lane_of", "AckTracker", "ShardPipeline"]
+__all__ = ["AckTracker", "ShardPipeline"]
 
 log = logging.getLogger(__name__)
 
 OnAck = Callable[[int], Awaitable[None]]
 DeliverBatch = Callable[[Sequence[Record], OnAck], Awaitable[Any]]
-
-
-def lane_of(partition_key: str, lanes: int) -> int:
-    """The lane (``0 .. lanes - 1``) of ``partition_key``: its MD5 modulo ``lanes``.
-
-    Keys of one shard share a range of the 128-bit MD5 space (the shard's hash key range),
-    so the low bits are used; Python's ``hash()`` is not used because it differs between
-    processes.
-    """
-    if lanes == 1:
-        return 0
-    digest = hashlib.md5(partition_key.encode("utf-8"), usedforsecurity=False).digest()
-    return int.from_bytes(digest[8:], "big") % lanes
 
 
 class AckTracker:
@@ -94,9 +83,7 @@ class AckTracker:
 @dataclasses.dataclass
 class _Lane:
     index: int
-    gatherer: BatchGatherer
     task: asyncio.Task[None] | None = None
-    last: tuple[int, int] | None = None  # position of the last record of the lane's last batch
 
     @property
     def busy(self) -> bool:
@@ -107,8 +94,8 @@ class ShardPipeline:
     """gather -> lanes -> deliver -> acknowledge -> checkpoint, for one shard.
 
     The consumer's loop calls :meth:`add` with each fetched response, :meth:`dispatch` to
-    start ready batches on idle lanes, :meth:`can_fetch` before its next fetch (False while
-    a busy lane already has a full batch waiting: that is the backpressure), :meth:`wait`
+    start the next round when the last one is acknowledged, :meth:`can_fetch` before its
+    next fetch (False while a ready round waits for one in flight: that is the backpressure), :meth:`wait`
     while it may not fetch, and :meth:`drain` at shard end.
 
     Args:
@@ -131,17 +118,16 @@ class ShardPipeline:
                  *, max_records: int, clock: Callable[[], float],
                  acked: Callable[[Sequence[Record]], object] | None = None,
                  stats: MutableMapping[str, Any] | None = None) -> None:
-        limit = options.batch_limit(max_records)
-        self._lanes = [_Lane(i, BatchGatherer(max_records=limit, max_bytes=options.max_batch_bytes,
-                                              window_s=options.batch_window_s, clock=clock))
-                       for i in range(options.parallelization_factor)]
+        n = options.parallelization_factor
+        self._gatherer = BatchGatherer(max_records=options.batch_limit(max_records), max_bytes=options.max_batch_bytes,
+                                       window_s=options.batch_window_s, clock=clock, lanes=n)
+        self._lanes = [_Lane(i) for i in range(n)]
         self._deliver = deliver
         self._checkpoint = checkpoint
         self._acked = acked or (lambda records: None)
         self.stats = stats if stats is not None else {}
         self.stats.setdefault("max_batches_in_flight", 0)
         self.tracker = AckTracker()
-        self._behind: tuple[int, int] | None = None  # position of the last record behind the checkpoint
         self._lock = asyncio.Lock()
         self._error: BaseException | None = None
 
@@ -154,31 +140,28 @@ class ShardPipeline:
     @property
     def gathered(self) -> int:
         """Records gathered and not yet handed to the downstream."""
-        return sum(len(lane.gatherer) for lane in self._lanes)
+        return len(self._gatherer)
 
     @property
     def idle(self) -> bool:
         """True when nothing is gathered and nothing is in flight."""
         return not self.in_flight and not self.gathered
 
-    def _may_start(self, lane: _Lane) -> bool:
-        """A lane starts its next batch once it is idle and its last batch lies behind the
-        acknowledged prefix (the checkpoint): each lane then has at most one batch with
-        records past the checkpoint, so a failure redelivers at most N batches of the shard
-        (invariant 10 with N lanes), not every batch a fast lane acknowledged ahead of a
-        slow one."""
-        if lane.busy:
-            return False
-        return lane.last is None or (self._behind is not None and lane.last <= self._behind)
+    def _may_start(self) -> bool:
+        """The next round starts once no batch is in flight: a lane's task ends only after its
+        records are acknowledged and the acknowledged prefix advanced, so the last round
+        then lies behind the checkpoint. At most one round (N batches) is ever past it, so
+        a failure redelivers at most N batches of the shard (invariant 10 with N lanes), not
+        every batch a fast lane acknowledged ahead of a slow one."""
+        return not any(lane.busy for lane in self._lanes)
 
     def can_fetch(self) -> bool:
-        """False while a lane that may not start has a ready batch waiting (fetching more would only grow it)."""
-        return not any(lane.gatherer.ready() and not self._may_start(lane) for lane in self._lanes)
+        """False while a ready round waits for the one in flight (fetching more would only grow it)."""
+        return self._may_start() or not self._gatherer.ready()
 
     def due_in(self) -> float | None:
-        """Seconds until the batch of a lane that may start is ready (0.0: now), or None (nothing to wait for)."""
-        dues = [d for lane in self._lanes if self._may_start(lane) and (d := lane.gatherer.due_in()) is not None]
-        return min(dues) if dues else None
+        """Seconds until the next round is ready if it may start (0.0: now), or None (nothing to wait for)."""
+        return self._gatherer.due_in() if self._may_start() else None
 
     def _note_in_flight(self) -> None:
         n = self.in_flight
@@ -198,36 +181,24 @@ class ShardPipeline:
 
     # ------------------------------------------------------------ flow
     def add(self, records: Sequence[Record]) -> None:
-        """Register fetched records (in shard order) and gather each into its key's lane."""
+        """Register fetched records (in shard order) and gather them (each into its key's lane)."""
         if not records:
             return
         self.tracker.add(records)
-        lanes = self._lanes
-        if len(lanes) == 1:
-            lanes[0].gatherer.add(records)
-            return
-        split: list[list[Record]] = [[] for _ in lanes]
-        for r in records:
-            split[lane_of(r.partition_key, len(lanes))].append(r)
-        for lane, part in zip(lanes, split):
-            if part:
-                lane.gatherer.add(part)
+        self._gatherer.add(records)
 
     def dispatch(self, *, force: bool = False) -> int:
-        """Start the ready batch of every lane that may start (idle, its last batch behind the
-        checkpoint; ``force``: whatever it holds); how many started.
+        """Start the next round if it may start (nothing in flight) and is ready (``force``:
+        whatever is held, within the limits); how many batches started.
 
         Raises:
             The parked error of a lane that failed.
         """
         self._raise_parked()
         started = 0
-        for lane in self._lanes:
-            if not self._may_start(lane):
-                continue
-            batch = lane.gatherer.take(force=force)
+        parts = self._gatherer.take_round(force=force) if self._may_start() else None
+        for lane, batch in zip(self._lanes, parts or ()):
             if batch:
-                lane.last = batch[-1].position
                 lane.task = asyncio.create_task(self._run(batch), name=f"lane-{lane.index}")
                 started += 1
         self._note_in_flight()
@@ -252,7 +223,6 @@ class ShardPipeline:
         async with self._lock:
             last = self.tracker.advance()
             if last is not None:
-                self._behind = last.position
                 await self._checkpoint(last)
 
     async def wait(self, timeout_s: float) -> None:
@@ -291,8 +261,7 @@ class ShardPipeline:
         Returns:
             True if nothing is in flight any more.
         """
-        for lane in self._lanes:
-            lane.gatherer.drop()
+        self._gatherer.drop()
         tasks = [lane.task for lane in self._lanes if lane.task is not None and not lane.task.done()]
         if tasks:
             await asyncio.wait(tasks, timeout=max(0.0, timeout_s))
@@ -307,8 +276,6 @@ class ShardPipeline:
             await asyncio.gather(*tasks, return_exceptions=True)
         for lane in self._lanes:
             lane.task = None
-            lane.last = None
-            lane.gatherer.drop()
+        self._gatherer.drop()
         self.tracker.clear()
-        self._behind = None
         self._note_in_flight()

@@ -1,11 +1,12 @@
 """The read loop with lanes: ``parallelization_factor > 1``, a batching window or a byte limit.
 
-One shard's records are gathered per lane (partition-key hash) by the consumer's
-:class:`~kinesis_actors.delivery.ShardPipeline`; up to ``parallelization_factor``
-batches are in flight at once. The loop fetches again while no busy lane has a full batch
-waiting (that is the backpressure: a shard holds at most N batches in flight and N
-gathered, within the reader's byte budget, which counts gathered records until they are
-acknowledged), and wakes at a window's end even while it waits before its next
+One shard's records are gathered by the consumer's
+:class:`~kinesis_actors.delivery.ShardPipeline` and delivered in rounds of up to
+``parallelization_factor`` batches (one per lane, split by partition key). The loop
+fetches again unless a ready round waits for the one in flight (that is the
+backpressure: a shard holds at most one round in flight and about one gathered, within
+the reader's byte budget, which counts gathered records until they are acknowledged),
+and wakes at a window's end even while it waits before its next
 ``GetRecords``. The checkpoint is the highest position below which every record is
 acknowledged. At shard end every gathered record is delivered and every lane's batches
 acknowledged before ``SHARD_END`` is written (invariant 2). A stop lets the batches in

@@ -73,3 +73,36 @@ def test_bad_limits_are_refused() -> None:
         BatchGatherer(max_records=0, clock=FakeClock())
     with pytest.raises(InvalidError):
         BatchGatherer(max_records=1, window_s=-1, clock=FakeClock())
+
+
+def test_a_round_cuts_a_contiguous_run_into_one_batch_per_lane_by_key() -> None:
+    """Every record of a key lands in one lane; new keys go to the emptiest lane, so 8 keys
+    fill 4 lanes evenly; the round ends before a record whose lane is full."""
+    g = BatchGatherer(max_records=4, clock=FakeClock(), lanes=4)
+    records = [rec(i, key=f"k{i % 8}") for i in range(20)]
+    g.add(records)
+    parts = g.take_round()
+    assert parts is not None and [len(p) for p in parts] == [4, 4, 4, 4]
+    taken = sorted((r for p in parts for r in p), key=lambda r: r.position)
+    assert taken == records[:16]  # contiguous, from the front
+    for part in parts:
+        assert len({r.partition_key for r in part}) == 2
+        assert part == sorted(part, key=lambda r: r.position)
+    assert g.take_round() is not None and len(g) == 0  # window 0: the rest goes as it is
+
+
+def test_a_round_with_a_hot_key_ends_at_the_hot_keys_limit() -> None:
+    g = BatchGatherer(max_records=3, window_s=5.0, clock=FakeClock(), lanes=2)
+    g.add([rec(0, key="hot"), rec(1, key="hot"), rec(2, key="cold"), rec(3, key="hot")])
+    assert not g.ready()  # the hot lane is full but the cold one is not: the round may still grow
+    g.add([rec(4, key="hot")])
+    assert g.ready()  # a fourth hot record cannot join: the round ends before it
+    parts = g.take_round()
+    assert parts is not None and sorted(len(p) for p in parts) == [1, 3] and len(g) == 1
+
+
+def test_a_round_keeps_the_byte_limit_per_lane() -> None:
+    g = BatchGatherer(max_records=100, max_bytes=30, clock=FakeClock(), lanes=2, window_s=1.0)
+    g.add([rec(i, key=f"k{i % 2}", data=b"x" * 8) for i in range(7)])  # 10 bytes each
+    parts = g.take_round()
+    assert parts is not None and [len(p) for p in parts] == [3, 3] and len(g) == 1

@@ -10,18 +10,11 @@ from typing import Any
 import pytest
 
 from kinesis_actors import SinkError
-from kinesis_actors.delivery import AckTracker, DeliveryOptions, ShardPipeline, lane_of
+from kinesis_actors.delivery import AckTracker, DeliveryOptions, ShardPipeline
 from kinesis_actors.records import Record
 from kinesis_actors.testing import FakeClock
 
 from .delivery_fakes import rec
-
-
-def test_lane_of_is_stable_and_spreads_keys() -> None:
-    assert lane_of("anything", 1) == 0
-    assert lane_of("order-42", 4) == lane_of("order-42", 4)
-    counts = collections.Counter(lane_of(f"key-{i}", 4) for i in range(400))
-    assert set(counts) == {0, 1, 2, 3} and min(counts.values()) > 60
 
 
 def test_the_tracker_checkpoints_only_below_the_first_unacknowledged_record() -> None:
@@ -199,16 +192,16 @@ def test_settle_waits_for_batches_in_flight_and_drops_the_gathered() -> None:
     asyncio.run(main())
 
 
-class PerLaneSink:
-    """Holds the batches of one lane until released; acknowledges every other lane's at once."""
+class PerKeySink:
+    """Holds the batches holding ``slow_key`` until released; acknowledges every other batch at once."""
 
-    def __init__(self, slow_lane: int, lanes: int) -> None:
-        self.slow_lane, self.lanes = slow_lane, lanes
+    def __init__(self, slow_key: str) -> None:
+        self.slow_key = slow_key
         self.release = asyncio.Event()
         self.batches: list[list[Record]] = []
 
     async def deliver(self, batch: Sequence[Record], on_ack: Any) -> None:
-        if lane_of(batch[0].partition_key, self.lanes) == self.slow_lane:
+        if any(r.partition_key == self.slow_key for r in batch):
             await self.release.wait()
         self.batches.append(list(batch))
 
@@ -216,10 +209,10 @@ class PerLaneSink:
 def test_a_fast_lane_waits_for_the_checkpoint_so_a_failure_redelivers_at_most_n_batches() -> None:
     """One lane's batch is held; the other lanes acknowledge theirs at once. Without a bound they
     would run ahead, and everything they acknowledged past the held batch (the checkpoint
-    cannot pass it) would be delivered again after a failure. Each lane starts its next batch
-    only once its last one is behind the checkpoint: at most N batches past it, ever."""
+    cannot pass it) would be delivered again after a failure. The next round starts only
+    once the last one is acknowledged: at most N batches past the checkpoint, ever."""
     lanes = 4
-    sink, checkpoints = PerLaneSink(slow_lane=lane_of("key-0", lanes), lanes=lanes), []
+    sink, checkpoints = PerKeySink(slow_key="key-0"), []
 
     async def checkpoint(r: Record) -> None:
         checkpoints.append(r.position)
@@ -242,3 +235,34 @@ def test_a_fast_lane_waits_for_the_checkpoint_so_a_failure_redelivers_at_most_n_
     delivered = sorted(int(r.sequence_number) for b in sink.batches for r in b)
     assert delivered == list(range(1000, 1400)) and p.tracker.pending == 0
     assert checkpoints == sorted(checkpoints) and checkpoints[-1] == rec(399).position
+
+
+def test_a_backlog_goes_out_in_full_rounds_of_n_batches() -> None:
+    """64 keys, 50 records per batch, 4 lanes: every round is 4 full batches at once (keys
+    spread evenly over the lanes, each round a contiguous run of the shard), so a backlog
+    of 800 records takes 4 rounds. Lanes that gathered by a fixed key hash, each waiting
+    for the checkpoint to pass its own last batch, ran mostly one batch at a time."""
+    starts: list[int] = []
+    sizes: list[int] = []
+    in_flight = 0
+
+    async def deliver(batch: Sequence[Record], on_ack: Any) -> None:
+        nonlocal in_flight
+        in_flight += 1
+        starts.append(in_flight)
+        sizes.append(len(batch))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        in_flight -= 1
+
+    async def checkpoint(r: Record) -> None:
+        pass
+
+    async def main() -> None:
+        p = ShardPipeline(DeliveryOptions(parallelization_factor=4, max_batch_records=50), deliver, checkpoint,
+                          max_records=1000, clock=FakeClock())
+        await pump(p, keyed(800, 64), 200)
+
+    asyncio.run(main())
+    assert sizes == [50] * 16
+    assert starts == [1, 2, 3, 4] * 4  # four rounds, each of four batches in flight together
