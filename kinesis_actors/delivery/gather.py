@@ -2,7 +2,7 @@
 
 :class:`BatchGatherer` holds records fetched and not yet handed to the downstream. A batch
 is ready when it holds ``max_records`` records or ``max_bytes`` bytes, or when
-``window_s`` has passed since its oldest record was gathered (at once with no window).
+``window_s`` has passed since its oldest record arrived (at once with no window).
 This is Lambda's batching (``BatchSize``, ``MaximumBatchingWindowInSeconds``, the 6 MB
 payload limit): the window is a maximum wait, not a schedule, so a shard with a backlog
 delivers full batches back to back and a shard at its tip delivers what it has when the
@@ -53,16 +53,23 @@ class BatchGatherer:
         max_bytes: most bytes per batch (:func:`record_size` summed), or None. A record
             larger than this alone makes a batch of one.
         window_s: longest wait from the oldest gathered record to its delivery, seconds
-            (0.0: every :meth:`take` returns what is there).
+            (0.0: every :meth:`take` returns what is there). The window of a record counts
+            from its ``ApproximateArrivalTimestamp`` when ``wall_clock`` is given, so the
+            wait at the tip before the ``GetRecords`` that fetched it is part of the window
+            (Lambda's window bounds the batching latency the same way); never from before
+            ``window_s`` ago nor from after it was gathered, so a skewed clock can shorten
+            a window but never lengthen it.
         clock: monotonic seconds.
         lanes: batches per round (>= 1).
+        wall_clock: epoch seconds (``time.time``), or None to count windows from gathering.
 
     Raises:
         InvalidError: a limit that is not positive, a negative window, or ``lanes < 1``.
     """
 
     def __init__(self, *, max_records: int, max_bytes: int | None = None, window_s: float = 0.0,
-                 clock: Callable[[], float], lanes: int = 1) -> None:
+                 clock: Callable[[], float], lanes: int = 1,
+                 wall_clock: Callable[[], float] | None = None) -> None:
         if max_records <= 0 or (max_bytes is not None and max_bytes <= 0) or window_s < 0 or lanes < 1:
             raise InvalidError(f"BatchGatherer needs max_records > 0, max_bytes > 0 or None, window_s >= 0 and "
                                f"lanes >= 1, got {max_records!r}, {max_bytes!r}, {window_s!r}, {lanes!r}")
@@ -71,6 +78,7 @@ class BatchGatherer:
         self.window_s = window_s
         self.lanes = lanes
         self._clock = clock
+        self._wall_clock = wall_clock if window_s > 0 else None
         self._held: collections.deque[tuple[float, Record, int]] = collections.deque()  # (gathered at, record, size)
         self.held_bytes = 0
         # The round at the front of _held: how many records, whether a limit closed it, each
@@ -86,11 +94,16 @@ class BatchGatherer:
         return len(self._held)
 
     def add(self, records: Iterable[Record]) -> None:
-        """Gather ``records`` (in sequence order, after those already held), stamped now."""
-        now = self._clock()
+        """Gather ``records`` (in sequence order, after those already held), stamped with their
+        arrival (see ``wall_clock``) or now."""
+        now, wall = self._clock(), self._wall_clock
+        wall_now = wall() if wall is not None else 0.0
         for r in records:
             n = record_size(r)
-            self._held.append((now, r, n))
+            stamp = now
+            if wall is not None and (arrival := r.arrival_epoch_s) is not None:
+                stamp = now - min(self.window_s, max(0.0, wall_now - arrival))
+            self._held.append((stamp, r, n))
             self.held_bytes += n
         self._extend_round()
 

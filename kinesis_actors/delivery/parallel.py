@@ -105,6 +105,8 @@ class ShardPipeline:
             Called one at a time, with positions that only grow.
         max_records: the ``GetRecords`` ``Limit`` (the batch limit without ``max_batch_records``).
         clock: monotonic seconds (the window).
+        wall_clock: epoch seconds, to count a window from the records' arrival times (see
+            :class:`~.gather.BatchGatherer`); None: from when they are gathered.
         acked: called with records once they are acknowledged (delivered, filtered or
             dead-lettered), in no particular order across lanes: the byte budget and counters.
         stats: figures to set: ``batches_in_flight``, ``max_batches_in_flight`` (gauges) and
@@ -117,10 +119,12 @@ class ShardPipeline:
     def __init__(self, options: DeliveryOptions, deliver: DeliverBatch, checkpoint: Callable[[Record], Awaitable[None]],
                  *, max_records: int, clock: Callable[[], float],
                  acked: Callable[[Sequence[Record]], object] | None = None,
+                 wall_clock: Callable[[], float] | None = None,
                  stats: MutableMapping[str, Any] | None = None) -> None:
         n = options.parallelization_factor
         self._gatherer = BatchGatherer(max_records=options.batch_limit(max_records), max_bytes=options.max_batch_bytes,
-                                       window_s=options.batch_window_s, clock=clock, lanes=n)
+                                       window_s=options.batch_window_s, clock=clock, lanes=n,
+                                       wall_clock=wall_clock)
         self._lanes = [_Lane(i) for i in range(n)]
         self._deliver = deliver
         self._checkpoint = checkpoint

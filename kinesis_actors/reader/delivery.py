@@ -110,7 +110,7 @@ class BatchDelivery:
                  acked: Callable[[Sequence[Record]], object]) -> ShardPipeline:
         """The lanes of this shard: gather, up to ``parallelization_factor`` batches in flight."""
         return ShardPipeline(self.controls, self.engine.deliver, checkpoint, max_records=self.spec.max_records,
-                             clock=self._clock, acked=acked, stats=self.stats)
+                             clock=self._clock, acked=acked, stats=self.stats, wall_clock=time.time)
 
     async def await_alive(self, awaitable: Awaitable[T]) -> T:
         """Await ``awaitable`` while calling ``alive()`` every ``renew_interval_s / 2`` seconds

@@ -106,3 +106,24 @@ def test_a_round_keeps_the_byte_limit_per_lane() -> None:
     g.add([rec(i, key=f"k{i % 2}", data=b"x" * 8) for i in range(7)])  # 10 bytes each
     parts = g.take_round()
     assert parts is not None and [len(p) for p in parts] == [3, 3] and len(g) == 1
+
+
+def test_the_window_counts_from_arrival_never_longer_than_from_gathering() -> None:
+    """With a wall clock the window starts at a record's ApproximateArrivalTimestamp (the idle
+    wait before the fetch is part of it), clamped to [gathered - window, gathered]."""
+    clock, wall = FakeClock(), FakeClock(start=1_000.0)
+    g = BatchGatherer(max_records=10, window_s=1.0, clock=clock, wall_clock=wall)
+    g.add([rec(0, arrival=999.3)])  # arrived 0.7 s before it was gathered
+    assert g.due_in() == pytest.approx(0.3)
+    g.drop()
+    g.add([rec(1, arrival=990.0)])  # long ago: due at once
+    assert g.ready()
+    g.drop()
+    g.add([rec(2, arrival=1_005.0)])  # a clock ahead of ours: the plain window, never longer
+    assert g.due_in() == pytest.approx(1.0)
+    g.drop()
+    g.add([rec(3, arrival=None)])
+    assert g.due_in() == pytest.approx(1.0)
+    plain = BatchGatherer(max_records=10, window_s=1.0, clock=clock)
+    plain.add([rec(4, arrival=999.3)])
+    assert plain.due_in() == pytest.approx(1.0)  # without a wall clock: from gathering
