@@ -4,7 +4,9 @@
    ``max_batch_records=50``, 256 partition keys (about 64 per shard), at
    ``parallelization_factor`` 1, 4 and 10, side by side in one run on the same stream (each
    run a fresh subscription from ``TRIM_HORIZON`` with its own in-memory lease table).
-   Goal: >= 3.5x the factor-1 rate at 4.
+   Goal: >= 3.5x the factor-1 rate at 4. The rate runs from the first to the last batch
+   over all shards, so the moments the shards open count in it: the backlog (12,000
+   records per shard by default) is long enough that they weigh little at factor 10.
 2. A poison record in 100,000 (4 shards, ``bisect_on_error``, ``max_sink_retries=2``,
    ``max_batch_records=500``, a dead-letter stream): how long its shard was held up (the
    sink's first refusal of the poison's batch to its first delivery past the poison), the
@@ -129,6 +131,16 @@ def _rate(log: list[tuple[float, str, int, str, str, bool]]) -> float | None:
     return (sum(n for _, n in ok) - ok[0][1]) / (ok[-1][0] - ok[0][0])
 
 
+def _steady_rate(log: list[tuple[float, str, int, str, str, bool]]) -> float | None:
+    """The sum over shards of each shard's own rate (first to last batch of that shard): the
+    steady rate, without the moments the shards opened (up to 1.5 s apart on 2 cores)."""
+    by_shard: dict[str, list[tuple[float, str, int, str, str, bool]]] = {}
+    for entry in log:
+        by_shard.setdefault(entry[1], []).append(entry)
+    rates = [_rate(entries) for entries in by_shard.values()]
+    return sum(r for r in rates if r is not None) if rates and all(r is not None for r in rates) else None
+
+
 def _throughput(ctx: Any, res: Results) -> None:
     per_shard = ctx.params["dc_records_per_shard"]
     stream = f"bench-dc-tp-{uuid.uuid4().hex[:8]}"
@@ -136,10 +148,12 @@ def _throughput(ctx: Any, res: Results) -> None:
     total = 4 * per_shard
     _put_all(ctx.endpoint, stream, [(b"%010d" % i + b"x" * 90, f"key-{i % 256}") for i in range(total)])
     rates: dict[int, float | None] = {}
+    steady: dict[int, float | None] = {}
     for factor in (1, 4, 10):
         s = _drain(ctx, stream, total, ctx.timeout_s, delay_s=0.05, max_batch_records=50,
                    parallelization_factor=factor)
         rates[factor] = _rate(s["log"])
+        steady[factor] = _steady_rate(s["log"])
         inflight = max((sh.get("max_batches_in_flight") or 0) for sh in s["stats"]["shards"].values())
         res.add("delivery", f"slow_sink_pf{factor}_records_per_s", rates[factor], "records/s",
                 anchor=None if factor == 1 else "slow_sink_pf1_records_per_s",
@@ -148,6 +162,11 @@ def _throughput(ctx: Any, res: Results) -> None:
                 check=(lambda v: rates[1] is not None and v >= 3.5 * rates[1]) if factor == 4 else None,
                 note=(f"{total} records on 4 shards, 256 keys, 50 ms per batch, max_batch_records=50; "
                       f"delivered {s['distinct']}; most batches in flight on a shard {inflight}"))
+        res.add("delivery", f"slow_sink_pf{factor}_steady_records_per_s", steady[factor], "records/s",
+                anchor=None if factor == 1 else "slow_sink_pf1_steady_records_per_s",
+                anchor_value=None if factor == 1 else steady[1],
+                note="the sum of each shard's own rate (its first to its last batch): no goal, the "
+                     "figure above carries it")
 
 
 def _poison(ctx: Any, res: Results) -> None:
