@@ -102,7 +102,13 @@ class ShardPipeline:
         options: the :class:`DeliveryOptions` (``parallelization_factor``, batch limits, window).
         deliver: ``async deliver(batch, on_ack)``, e.g. ``DeliveryEngine.deliver``.
         checkpoint: ``async checkpoint(record)``: write the checkpoint after ``record``.
-            Called one at a time, with positions that only grow.
+            Called one at a time, with positions that only grow: when a round is fully
+            acknowledged, and after a partial acknowledgement (``on_ack(n)`` short of the
+            batch, SPEC's ``PartialBatchError``) that moved the acknowledged prefix. A batch
+            acknowledged whole while others of its round are still in flight moves the
+            prefix without a write: the round's last batch writes it, one lease-table
+            write per round instead of up to N, and a failure before then redelivers
+            that round, at most N batches, as invariant 10 allows.
         max_records: the ``GetRecords`` ``Limit`` (the batch limit without ``max_batch_records``).
         clock: monotonic seconds (the window).
         wall_clock: epoch seconds, to count a window from the records' arrival times (see
@@ -133,6 +139,8 @@ class ShardPipeline:
         self.stats.setdefault("max_batches_in_flight", 0)
         self.tracker = AckTracker()
         self._lock = asyncio.Lock()
+        self._round_end: tuple[int, int] | None = None  # position of the last record of the round in flight
+        self._unwritten: Record | None = None  # the acknowledged prefix's end, not written yet
         self._error: BaseException | None = None
 
     # ------------------------------------------------------------ state
@@ -201,6 +209,9 @@ class ShardPipeline:
         self._raise_parked()
         started = 0
         parts = self._gatherer.take_round(force=force) if self._may_start() else None
+        ends = [batch[-1].position for batch in parts or () if batch]
+        if ends:
+            self._round_end = max(ends)
         for lane, batch in zip(self._lanes, parts or ()):
             if batch:
                 lane.task = asyncio.create_task(self._run(batch), name=f"lane-{lane.index}")
@@ -216,18 +227,25 @@ class ShardPipeline:
             newly, acked = batch[acked:n], max(acked, n)
             self.tracker.ack(newly)
             self._acked(newly)
-            await self._write_checkpoint()
+            await self._write_checkpoint(defer=n >= len(batch))
 
         await self._deliver(batch, on_ack)
         if acked < len(batch):  # a deliver that returns has done every record
             await on_ack(len(batch))
         self.stats["batches"] = self.stats.get("batches", 0) + 1
 
-    async def _write_checkpoint(self) -> None:
+    async def _write_checkpoint(self, *, defer: bool = False) -> None:
+        """Write the acknowledged prefix's end if it moved; with ``defer``, not while it
+        stops short of the round in flight (see ``checkpoint`` in the class docstring)."""
         async with self._lock:
             last = self.tracker.advance()
             if last is not None:
-                await self._checkpoint(last)
+                self._unwritten = last
+            target = self._unwritten
+            if target is None or (defer and self._round_end is not None and target.position < self._round_end):
+                return
+            self._unwritten = None
+            await self._checkpoint(target)
 
     async def wait(self, timeout_s: float) -> None:
         """Wait until a batch in flight is acknowledged, or ``timeout_s`` seconds; at once if none is.
@@ -282,4 +300,5 @@ class ShardPipeline:
             lane.task = None
         self._gatherer.drop()
         self.tracker.clear()
+        self._round_end = self._unwritten = None
         self._note_in_flight()
