@@ -138,7 +138,8 @@ class KinesisStream:
             (``KinesisBroker.deregister_stream_consumer`` does).
         min_checkpoint_interval_s: shortest time between two checkpoint writes of one
             shard, seconds (0.0). 0 writes a checkpoint (one conditional ``UpdateItem``)
-            after every acknowledged batch. Above 0 a shard writes at most one checkpoint
+            after every acknowledged batch (with ``parallelization_factor`` above 1, after
+            every acknowledged round of batches, and after a partial acknowledgement). Above 0 a shard writes at most one checkpoint
             per interval, of its last acknowledged record, and always one on close, on a
             handoff and at ``SHARD_END``. Invariant 10 then widens: a failure redelivers
             the records acknowledged since the shard's last checkpoint (at most this
