@@ -142,8 +142,9 @@ class KinesisStream:
             every acknowledged round of batches, and after a partial acknowledgement). Above 0
             a shard writes at most one checkpoint per interval, of its last acknowledged
             record, and always one on close, on a handoff and at ``SHARD_END``. Invariant
-            10 then widens: a failure redelivers the records acknowledged since the shard's last checkpoint (at most this
-            interval, plus one idle wait, of acknowledged batches) plus the batch in flight.
+            10 then widens: a failure redelivers the records acknowledged since the
+            shard's last checkpoint (at most this interval, plus one idle wait, of
+            acknowledged batches) plus the batch in flight.
         max_batch_records: most records per delivered batch, 1..10,000 (None: one
             ``GetRecords`` response, at most ``max_records``, per batch); Lambda's ``BatchSize``.
         max_batch_bytes: most bytes (payload + partition key) per batch (None: no limit);
