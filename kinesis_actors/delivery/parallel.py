@@ -156,8 +156,11 @@ class ShardPipeline:
 
     @property
     def idle(self) -> bool:
-        """True when nothing is gathered and nothing is in flight."""
-        return not self.in_flight and not self.gathered
+        """True when nothing is gathered, nothing is in flight and every finished batch has
+        been collected by :meth:`dispatch`, :meth:`wait` or :meth:`drain` (which raise a
+        lane's parked error): a failed lane never looks idle, so shard end cannot be
+        written past its records."""
+        return not self.gathered and all(lane.task is None for lane in self._lanes)
 
     def _may_start(self) -> bool:
         """The next round starts once no batch is in flight: a lane's task ends only after its

@@ -298,3 +298,38 @@ def test_a_partial_ack_mid_round_is_checkpointed_at_once() -> None:
         assert written == [rec(1).position, rec(3).position]
 
     asyncio.run(main())
+
+
+def test_a_lane_that_failed_unseen_is_not_idle_so_shard_end_waits_for_its_error() -> None:
+    """The lanes fail while the consumer awaits a fetch; the shard-end response is empty.
+    The pipeline must not look idle (the reader would write SHARD_END past unacknowledged
+    records); the drain loop raises the lane's error instead."""
+    from kinesis_actors.reader.lanes import _drained
+
+    class Consumer:
+        def _alive(self) -> None:
+            pass
+
+    written: list[tuple[int, int]] = []
+
+    async def deliver(batch: Sequence[Record], on_ack: Any) -> None:
+        await asyncio.sleep(0)
+        raise SinkError("gave up")
+
+    async def checkpoint(r: Record) -> None:
+        written.append(r.position)
+
+    async def main() -> None:
+        p = ShardPipeline(DeliveryOptions(parallelization_factor=2), deliver, checkpoint, max_records=100,
+                          clock=FakeClock())
+        p.add([rec(0, key="a"), rec(1, key="b")])
+        assert p.dispatch() == 2
+        await asyncio.sleep(0.01)
+        p.add([])
+        assert not p.idle
+        with pytest.raises(SinkError):
+            await _drained(Consumer(), p, lambda: False, 0.01)  # type: ignore[arg-type]
+        await p.cancel()
+
+    asyncio.run(main())
+    assert written == []
