@@ -119,9 +119,10 @@ class BatchGatherer:
         counts, sizes, key_lane = self._counts, self._sizes, self._key_lane
         for _, record, n in itertools.islice(held, self._round, None):
             lane = key_lane.get(record.partition_key)
-            if lane is None:
-                lane = counts.index(min(counts))
-            if self._at_limit(lane, n):
+            if lane is None:  # a key new to the round: the emptiest lane that can take the record
+                lane = min((i for i in range(self.lanes) if not self._at_limit(i, n)), key=counts.__getitem__,
+                           default=None)
+            if lane is None or self._at_limit(lane, n):
                 self._full = True  # the round ends before this record
                 return
             key_lane[record.partition_key] = lane
@@ -174,11 +175,17 @@ class BatchGatherer:
         return parts
 
     def take(self, *, force: bool = False) -> list[Record] | None:
-        """The next batch (a round's records in shard order) if ready (or ``force``), else None."""
+        """The next batch if ready (or ``force``), else None (one lane only).
+
+        Raises:
+            InvalidError: with ``lanes > 1`` (a round is one batch per lane: :meth:`take_round`).
+        """
+        if self.lanes > 1:
+            raise InvalidError("BatchGatherer.take() hands out one batch; with lanes > 1 use take_round()")
         parts = self.take_round(force=force)
         if parts is None:
             return None
-        return parts[0] if self.lanes == 1 else sorted((r for p in parts for r in p), key=lambda r: r.position)
+        return parts[0]
 
     def _restart_round(self) -> None:
         self._round, self._full = 0, False
@@ -189,7 +196,7 @@ class BatchGatherer:
         self._extend_round()
 
     def take_all(self) -> list[list[Record]]:
-        """Every held record as batches within the limits (a drain: shard end), in order."""
+        """Every held record as batches within the limits (a drain: shard end), in order (one lane only)."""
         batches = []
         while (batch := self.take(force=True)) is not None:
             batches.append(batch)

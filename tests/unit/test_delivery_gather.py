@@ -127,3 +127,14 @@ def test_the_window_counts_from_arrival_never_longer_than_from_gathering() -> No
     plain = BatchGatherer(max_records=10, window_s=1.0, clock=clock)
     plain.add([rec(4, arrival=999.3)])
     assert plain.due_in() == pytest.approx(1.0)  # without a wall clock: from gathering
+
+
+def test_a_new_key_joins_a_lane_with_room_for_its_bytes() -> None:
+    g = BatchGatherer(max_records=100, max_bytes=30, window_s=1.0, clock=FakeClock(), lanes=2)
+    g.add([rec(0, key="a", data=b"x" * 24), rec(1, key="b", data=b"x" * 4), rec(2, key="b", data=b"x" * 4),
+           rec(3, key="c", data=b"x" * 9)])  # c (10 bytes) does not fit a's lane (25 bytes) but fits b's
+    assert not g.ready()  # the round is not closed early
+    parts = g.take_round(force=True)
+    assert parts is not None and [[r.partition_key for r in p] for p in parts] == [["a"], ["b", "b", "c"]]
+    with pytest.raises(InvalidError):
+        g.take()  # a round is one batch per lane
