@@ -94,10 +94,12 @@ def test_throttling_half_then_all_loses_nothing_keeps_leases_and_backs_off(
         assert 1 <= len(throttled) <= 8, f"{shard}: {len(throttled)} GetRecords in 3 s at 100 % (a hot loop?)"
         gaps = [b - a for a, b in itertools.pairwise(throttled)]
         assert all(g >= 0.18 for g in gaps), f"{shard}: retries closer than 0.2 s: {gaps}"
-        # each wait is drawn from [b, 2b) and the next from [2b, 4b): they never shrink (up to the cap);
-        # a loaded machine can stretch one gap, so only a fall below half the previous one counts
-        # (a backoff that resets to 0.2 s after growing still fails).
-        assert all(b >= a / 2 or b >= 4.9 for a, b in itertools.pairwise(gaps)), f"{shard}: the backoff shrank: {gaps}"
+        # Full jitter (THROTTLE_BACKOFF): the n-th wait is uniform in [0.2 s, min(5, 0.4 * 2 ** (n - 1))], so
+        # one gap may be shorter than the one before and gaps are not compared pairwise. A loop that never
+        # backs off past its first ceiling makes about 9 calls in this 2.7 s window (mean wait 0.3 s) and
+        # fails the count above; the ceiling's growth per attempt is pinned exactly in
+        # tests/unit/test_fetcher.py::test_throttling_backs_off_exponentially_on_both_calls_and_resets_after_a_success.
+        assert all(g <= 5.0 + 1.0 for g in gaps), f"{shard}: a wait above the 5 s cap: {gaps}"
         every = [c.time for c in faults.calls("GetRecords", shard=shard)]
         assert max_calls_in_one_second(every) <= 5, f"{shard}: more than 5 GetRecords in one second"
     stats = sub.stats()
