@@ -132,6 +132,7 @@ class ShardPipeline:
                                        window_s=options.batch_window_s, clock=clock, lanes=n,
                                        wall_clock=wall_clock)
         self._lanes = [_Lane(i) for i in range(n)]
+        self._refill_below = max_records
         self._deliver = deliver
         self._checkpoint = checkpoint
         self._acked = acked or (lambda records: None)
@@ -171,8 +172,10 @@ class ShardPipeline:
         return not any(lane.busy for lane in self._lanes)
 
     def can_fetch(self) -> bool:
-        """False while a ready round waits for the one in flight (fetching more would only grow it)."""
-        return self._may_start() or not self._gatherer.ready()
+        """True while fewer records are gathered than one ``GetRecords`` can bring (the next
+        response is fetched while these go out), or while no ready round waits for the one in
+        flight; False otherwise (fetching more would only grow what waits)."""
+        return self.gathered < self._refill_below or self._may_start() or not self._gatherer.ready()
 
     def due_in(self) -> float | None:
         """Seconds until the next round is ready if it may start (0.0: now), or None (nothing to wait for)."""
@@ -250,13 +253,17 @@ class ShardPipeline:
             self._unwritten = None
             await self._checkpoint(target)
 
-    async def wait(self, timeout_s: float) -> None:
-        """Wait until a batch in flight is acknowledged, or ``timeout_s`` seconds; at once if none is.
+    async def wait(self, timeout_s: float, *, also: asyncio.Future[Any] | None = None) -> None:
+        """Wait until a batch in flight is acknowledged, ``also`` (e.g. the shard's fetch) ends,
+        or ``timeout_s`` seconds; at once if none of them is pending.
 
         Raises:
             The parked error of a lane that failed.
         """
-        tasks = [lane.task for lane in self._lanes if lane.task is not None and not lane.task.done()]
+        tasks: list[asyncio.Future[Any]] = [lane.task for lane in self._lanes
+                                            if lane.task is not None and not lane.task.done()]
+        if also is not None and not also.done():
+            tasks.append(also)
         if tasks:
             await asyncio.wait(tasks, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_COMPLETED)
         self._raise_parked()

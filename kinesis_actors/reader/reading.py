@@ -10,6 +10,7 @@ open outside it, a subscription read in the subscription pool.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +54,21 @@ class Reading:
         self._alive = alive
         self.fetcher: Fetcher | None = None
         self.held_bytes = 0  # budget bytes of records fetched and not yet acknowledged
+        self._call: list[float] | None = None  # the step's call: [] while queued, [start] once running
+        self._lock = threading.Lock()
+        self._abandoned = False
+
+    def abandon(self) -> bool:
+        """Make sure a pending :meth:`fetch` no longer touches the fetcher, so its task may be
+        cancelled (a stop or a seek that must not wait: the byte budget it waits for may only
+        free once its caller goes on). True if no call runs: one queued for a thread now
+        returns None without calling AWS. False if a call already runs in its thread (it
+        cannot be cancelled there; it ends within its socket timeout): wait for it."""
+        with self._lock:
+            if self._call:
+                return False
+            self._abandoned = True
+            return True
 
     def close(self) -> None:
         """End the fetcher's connection now (from any thread)."""
@@ -98,17 +114,21 @@ class Reading:
         started: list[float] = []  # set by the pool's thread when the call begins
 
         def call() -> Fetched | None:
-            started.append(self._clock())
+            with self._lock:
+                if self._abandoned:
+                    return None
+                started.append(self._clock())
             return fetcher.step()
 
-        self._keeper.call_started = started
+        self._abandoned = False
+        self._keeper.call_started = self._call = started
         try:
             kind = fetcher.io_kind
             if kind == "stream":
                 return await self._io.stream(call)
             return await self._io.kinesis(call, limited=kind == "poll", shard=self.spec.shard_id)
         finally:
-            self._keeper.call_started = None
+            self._keeper.call_started = self._call = None
             self._keeper.alive()
             self._stats.update(fetcher.counters())
 

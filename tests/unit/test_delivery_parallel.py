@@ -111,7 +111,7 @@ def test_n_lanes_deliver_in_parallel_keep_key_order_and_checkpoint_the_safe_pref
     assert p.stats["batches"] == len(sink.batches)
 
 
-def test_a_busy_lane_with_a_full_batch_waiting_stops_the_fetching() -> None:
+def test_a_busy_lane_fetches_ahead_until_one_response_is_gathered() -> None:
     sink = SlowSink()
 
     async def checkpoint(r: Record) -> None:
@@ -119,11 +119,13 @@ def test_a_busy_lane_with_a_full_batch_waiting_stops_the_fetching() -> None:
 
     async def main() -> None:
         p = ShardPipeline(DeliveryOptions(parallelization_factor=1, max_batch_records=5), sink.deliver, checkpoint,
-                          max_records=1000, clock=FakeClock())
+                          max_records=8, clock=FakeClock())
         p.add(keyed(5, 1))
         assert p.dispatch() == 1 and p.can_fetch()  # the lane is busy, nothing waits
         p.add(keyed(3, 1))
-        assert p.can_fetch() is False  # window 0: 3 records are a ready batch waiting for the busy lane
+        assert p.can_fetch()  # a ready batch waits, but 3 < 8 (the Limit): the next response is fetched ahead
+        p.add(keyed(5, 1))
+        assert p.can_fetch() is False  # 8 gathered, one response's worth, and the lane is busy
         sink.gate.set()
         await p.drain(wait_s=0.01)
 
