@@ -28,6 +28,9 @@ process that serves):
   maximum compares either) and :func:`_seconds` turns a difference of two into seconds.
 * ``Shard.records`` becomes a property: moto's ``split_shard`` replaces the dict
   wholesale, and the setter rebuilds the index.
+* **A slow GetRecords body.** moto's generic serializer walks the botocore shape of every
+  member of every record; ``KinesisResponse.get_records`` now writes the same JSON
+  document directly (:mod:`.get_records_body`), after a self-test that compares the two.
 * **Non-atomic conditional writes.** moto's DynamoDB evaluates a ``ConditionExpression``
   and then writes, with no lock: two racing conditional ``UpdateItem`` calls can both
   succeed (seen in about 1 run in 10 with 8 racing lease takers), which real DynamoDB
@@ -281,9 +284,35 @@ def patch_moto() -> None:
     check_moto_shape(models)
     _install_shard_patch(models)
     _self_test(models)
+    _install_get_records_body(models)
     _install_dynamodb_lock()
-    log.info("patched moto %s: Kinesis Shard (per-shard lock, indexed sequence numbers), "
+    log.info("patched moto %s: Kinesis Shard (per-shard lock, indexed sequence numbers), GetRecords body, "
              "DynamoDB (atomic conditional writes)", version)
+
+
+def _install_get_records_body(models: Any) -> None:
+    """Write ``GetRecords`` bodies directly (:mod:`.get_records_body`) once they match moto's own
+    serializer on records with bytes and str payloads, sub-millisecond arrivals and a null
+    iterator.
+
+    Raises:
+        MotoPatchError: the bodies differ, or moto's serializer changed shape.
+    """
+    from moto.kinesis import responses
+
+    from .get_records_body import body_matches_stock, install_get_records_body
+
+    shard = models.Shard(0, 0, 2**128 - 1)
+    for i, data in enumerate((b"\x00\xffbytes", "c3Ry", b"")):
+        shard.put_record(f"key-{i}", data, None)
+    records = [shard.records[n] for n in sorted(shard.records)]
+    try:
+        same = body_matches_stock(records, "iterator", 1234) and body_matches_stock([], None, 0)
+    except Exception as exc:  # moto's serializer API moved: refuse to serve rather than guess
+        raise MotoPatchError(f"GetRecords body self-test could not run on this moto: {exc!r}") from exc
+    if not same:
+        raise MotoPatchError("GetRecords body self-test: the direct body differs from moto's serializer")
+    install_get_records_body(responses)
 
 
 _DYNAMODB_LOCKED = (

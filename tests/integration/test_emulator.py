@@ -440,6 +440,41 @@ def test_patched_shard_takes_either_arrival_type(clock: str) -> None:
     assert done.stdout.strip() == "OK"
 
 
+@pytest.mark.parametrize("clock", ["datetime", "epoch"])
+def test_get_records_body_equals_moto_serializer(clock: str) -> None:
+    """The emulator writes GetRecords bodies itself (moto's serializer took most of its CPU):
+    the document equals moto's own for payloads of bytes and str, sub-millisecond arrivals
+    under either arrival type, a null iterator; and the patch is installed."""
+    script = textwrap.dedent(
+        f"""
+        import datetime
+        from moto.kinesis import models, responses
+        from kinesis_actors.emulator.get_records_body import body_matches_stock, get_records_document
+        from kinesis_actors.emulator.patches import patch_moto
+        stamps = iter(range(100))
+        t0 = datetime.datetime(2026, 1, 1, 0, 0, 0, 123456)
+        if {clock!r} == "epoch":
+            models.utcnow = lambda: 1_700_000_000.123456 + next(stamps)
+        else:
+            models.utcnow = lambda: t0 + datetime.timedelta(seconds=next(stamps))
+        patch_moto()
+        assert responses.KinesisResponse.get_records.__qualname__ == "KinesisResponse.get_records"
+        assert "kinesis_actors" in responses.KinesisResponse.get_records.__doc__
+        shard = models.Shard(0, 0, 2**128 - 1)
+        for i, data in enumerate([b"\\x00\\xff", "c3Ry", b"", b"x" * 5000]):
+            shard.put_record(f"k{{i}}", data, None)
+        records = [shard.records[n] for n in sorted(shard.records)]
+        assert body_matches_stock(records, "it", 7) and body_matches_stock(records[:1], None, 0)
+        doc = get_records_document(records, None, 0)
+        assert "NextShardIterator" not in doc and doc["Records"][0]["Data"] == "AP8=", doc["Records"][0]
+        print("OK")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "OK"
+
+
 def test_patch_refuses_changed_moto_internals() -> None:
     from moto.kinesis import models
 
