@@ -5,8 +5,11 @@
    ``parallelization_factor`` 1, 4 and 10, side by side in one run on the same stream (each
    run a fresh subscription from ``TRIM_HORIZON`` with its own in-memory lease table).
    Goal: >= 3.5x the factor-1 rate at 4. The rate runs from the first to the last batch
-   over all shards, so the moments the shards open count in it: the backlog (12,000
-   records per shard by default) is long enough that they weigh little at factor 10.
+   over all shards, so the moments the shards open count in it (they start delivering up to
+   0.5-1.5 s apart): the backlog (``dc_records_per_shard`` x 4 = 160,000 records by default,
+   spread over the shards by the keys' MD5 as 38,125 / 43,750 / 39,375 / 38,750; about 14 s
+   of delivery at factor 4) is long enough that the opening spread weighs little at 4; at
+   12,000 per shard a factor-4 run lasted about 5 s and the spread alone cost a tenth.
 2. A poison record in 100,000 (4 shards, ``bisect_on_error``, ``max_sink_retries=2``,
    ``max_batch_records=500``, a dead-letter stream): how long its shard was held up (the
    sink's first refusal of the poison's batch to its first delivery past the poison), the

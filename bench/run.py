@@ -38,7 +38,7 @@ DEFAULT = {
     "kclrs_memory_sizes": [4, 64], "kclrs_default_cold": True, "kclrs_matched_cold": True, "kclrs_two_workers": True,
     "kclrs_balance_shards": 8, "kclrs_memory_side_by_side": False,
     "ckpt_rate": 400, "ckpt_seconds": 20.0, "ckpt_intervals": [0, 1, 5],
-    "dc_records_per_shard": 12000, "dc_poison_total": 100_000, "dc_trickle_s": 20.0,
+    "dc_records_per_shard": 40000, "dc_poison_total": 100_000, "dc_trickle_s": 20.0,
 }
 QUICK = {
     "tp_records_per_shard": 500, "tp_record_bytes": 1024, "tp_reps": 1,
