@@ -207,6 +207,17 @@ def record(results: dict[str, Any], verdict: Verdict, **figures: Any) -> None:
     print(verdict.summary(), json.dumps(verdict.figures, default=str))
 
 
+def overlap_hits(replaced: dict[str, float], old_gone_s: float) -> dict[str, int]:
+    """Failures per shard for :func:`assert_ok` when readers were replaced: one, or two where
+    the old reader process outlived its replacement's first delivery. Then both loops ran at
+    once (the old one until its next lease write, which the re-take fenced): the old loop's
+    one batch past the taken checkpoint can repeat records the new loop delivered first and
+    have its tail repeated by the new loop's next batch, so the duplicates come from two
+    acknowledged calls while they all lie in that one batch
+    (tests/unit/test_retake_overlap.py pins this on a fake clock)."""
+    return {s: 2 if old_gone_s > at else 1 for s, at in replaced.items()}
+
+
 def assert_ok(verdict: Verdict, hits: dict[str, int] | None = None) -> None:
     """Nothing lost, no gaps, recovered; and duplicates bounded as SPEC promises: at most the
     one unacknowledged batch per shard per failure (``hits``: failures per shard; default one
@@ -299,7 +310,7 @@ def test_2_remove_the_node_with_half_the_readers(chaos_cluster: Any, emulator: A
         # seen here once, when a lease poll re-took a shard whose replacement reader was still
         # starting and started a second one; a shard now has one entry in the Coordinator
         # from its take until its reader reports how it ended.)
-        assert_ok(verdict, {s: 1 for s in affected})
+        assert_ok(verdict, overlap_hits({s: replaced[s] for s in affected}, old_gone_s))
         assert owners == {run.owner}, f"the shards changed owner: {owners}"
         assert all(moved[s]["node_id"] in survivors for s in affected), f"replacements not on a survivor: {moved}"
         assert margin > 0, f"the replacements delivered {-margin:.2f} s after the lease could have expired"
@@ -330,7 +341,7 @@ def test_3a_sigkill_the_coordinator_mid_run(chaos_cluster: Any, emulator: Any, u
         record(chaos_results, verdict, coordinator_restarts=run.sub.coordinator_restarts,
                replacement_delivering_s=replaced, old_readers_exited_after_s=old_gone_s,
                lease_duration_s=run.lease_s, renew_interval_s=run.renew_s)
-        assert_ok(verdict)
+        assert_ok(verdict, overlap_hits(replaced, old_gone_s))
     finally:
         run.close()
 
