@@ -34,10 +34,12 @@ def _spec() -> ReaderSpec:
                       max_sink_retries=2)
 
 
-def _overlap(take_after_s: float, new_starts_after_s: float) -> dict[str, Any]:
+def _overlap(take_after_s: float, new_starts_after_s: float, spread: float = 0.5) -> dict[str, Any]:
     """Records arrive 3 per 50 ms; the old loop reads; at ``take_after_s`` the row is re-taken
     for the same owner and a new loop starts ``new_starts_after_s`` later; 4 s later, what
-    each loop delivered (``calls``: (loop, fake time, sequence numbers)) and the take's row."""
+    each loop delivered (``calls``: (loop, fake time, sequence numbers)) and the take's row.
+    ``spread`` replaces the keepers' random draws (the first renewal's spread, backoff
+    jitter), so a run is the same every time."""
     clock = FakeClock()
     shard, store = FakeShard(0), InProcessLeaseStore(clock=clock)
     calls: list[tuple[str, float, list[int]]] = []
@@ -49,11 +51,14 @@ def _overlap(take_after_s: float, new_starts_after_s: float) -> dict[str, Any]:
 
     lease = store.take(STREAM, SHARD, owner="me", duration_s=3.0)
     old = consumer(_spec(), lease, store, sink("old"), shard, clock)
+    old.keeper._rng = lambda: spread
     out: dict[str, Any] = {"calls": calls, "old": old}
 
     async def new_loop() -> None:
         await clock.sleep(new_starts_after_s)
-        await consumer(_spec(), out["taken"], store, sink("new"), shard, clock).run()
+        new = consumer(_spec(), out["taken"], store, sink("new"), shard, clock)
+        new.keeper._rng = lambda: spread
+        await new.run()
 
     async def scenario() -> None:
         tasks = [asyncio.create_task(old.run())]
@@ -75,9 +80,10 @@ def _overlap(take_after_s: float, new_starts_after_s: float) -> dict[str, Any]:
 
 @pytest.mark.parametrize("take_after_s", [1.0 + 0.037 * i for i in range(8)])
 @pytest.mark.parametrize("new_starts_after_s", [0.0, 0.1, 0.6])
+@pytest.mark.parametrize("spread", [0.0, 0.5, 0.99])
 def test_the_old_loop_delivers_one_batch_past_the_taken_checkpoint_and_it_holds_every_duplicate(
-        take_after_s: float, new_starts_after_s: float) -> None:
-    out = _overlap(take_after_s, new_starts_after_s)
+        take_after_s: float, new_starts_after_s: float, spread: float) -> None:
+    out = _overlap(take_after_s, new_starts_after_s, spread)
     calls, taken = out["calls"], out["taken"]
     assert taken is not None and out["old"].state is ConsumerState.LOST  # fenced by the take
     delivered = sorted({n for _, _, seqs in calls for n in seqs})
