@@ -128,8 +128,11 @@ def test_an_instance_closing_with_pending_requests_leaves_nothing_stuck() -> Non
         a = instance("a", rows.peer(clock=clock), kinesis, delivered, clock)
         await finish(clock, a.start())
         b = instance("b", rows.peer(clock=clock), kinesis, delivered, clock, max_leases_to_steal=2)
-        await finish(clock, b.start())  # its first pass asks a for two leases
-        assert b.counters["handoffs_requested"] == 2
+        await finish(clock, b.start())  # its first pass asks a for up to two leases
+        # A request is written only at the counter b's scan saw: where a's reader renewed in
+        # between (its store calls run on threads), it is asked again at a later poll.
+        assert 1 <= b.counters["handoffs_requested"] <= 2
+        assert any(lease.next_owner == "b" for lease in rows.list(STREAM)), "a request pending at the close"
         await finish(clock, b.close())
         assert not any(lease.next_owner == "b" for lease in rows.list(STREAM)), "requests withdrawn"
         await until(clock, lambda: len(a.held()) == 4, 3, "a reading every shard again")
