@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -101,12 +102,15 @@ class ShardConsumer:
         on_open: called once, when the consumer enters ``PROCESSING`` (first iterator held).
         lease_age_s: a lower bound on the lease's age, seconds (since the write that produced
             it was sent); None: at most one renew interval, assumed.
+        rng: uniform [0, 1) for the first renewal's spread and every backoff's jitter (lease
+            writes, sink retries); None: ``random.random``. Tests fix it to make a run repeat.
     """
 
     def __init__(self, spec: ReaderSpec, lease: Lease, store: LeaseStore, deliver: Deliver, kinesis: Any, *,
                  io: ReaderIo | ToThreadIo | None = None, budget: ByteBudget | None = None,
                  clock: Callable[[], float] = time.monotonic, on_open: Callable[[], None] | None = None,
-                 lease_age_s: float | None = None, sleep: Sleep = asyncio.sleep) -> None:
+                 lease_age_s: float | None = None, sleep: Sleep = asyncio.sleep,
+                 rng: Callable[[], float] | None = None) -> None:
         self.spec = spec
         self._kinesis = kinesis
         self._io = io if io is not None else ToThreadIo()
@@ -126,9 +130,10 @@ class ShardConsumer:
             self.stats.update(retrieval="fanout", subscriptions=0, subscription_renewals=0, subscription_drops=0,
                               budget_drops=0)
         self.keeper = LeaseKeeper(spec, lease, store, self._io, clock=clock, sleep=sleep, lease_age_s=lease_age_s,
-                                  on_lost=self._lost, on_handoff=self._asked, stats=self.stats)
+                                  on_lost=self._lost, on_handoff=self._asked, stats=self.stats,
+                                  rng=rng if rng is not None else random.random)
         self.delivery = BatchDelivery(spec, deliver, run_blocking=self._io.kinesis, clock=clock, sleep=sleep,
-                                      alive=self._alive, stats=self.stats, confirm=self.keeper.confirm)
+                                      alive=self._alive, stats=self.stats, confirm=self.keeper.confirm, rng=rng)
         self._stop: Stop | None = None
         self.reading = Reading(spec, self._io, budget, self.keeper, self.stats, clock=clock, sleep=sleep,
                                stopping=self._stopping, alive=self._alive)

@@ -25,12 +25,14 @@ T = TypeVar("T")
 _CLOCKS: weakref.WeakKeyDictionary[ShardConsumer, FakeClock] = weakref.WeakKeyDictionary()
 
 
-def consumer(spec: ReaderSpec, lease: Any, store: Any, deliver: Any, shard: Any, clock: FakeClock) -> ShardConsumer:
-    """A ShardConsumer on ``clock`` (its clock and sleep), its blocking calls inline."""
+def consumer(spec: ReaderSpec, lease: Any, store: Any, deliver: Any, shard: Any, clock: FakeClock,
+             **kwargs: Any) -> ShardConsumer:
+    """A ShardConsumer on ``clock`` (its clock and sleep), its blocking calls inline;
+    ``kwargs`` go to ShardConsumer (e.g. ``rng``)."""
     if isinstance(shard, FakeShard):
         shard.clock = clock  # GetRecords call times on the reader's clock
     reader = ShardConsumer(spec, lease, store, deliver, shard, clock=clock, sleep=clock.sleep,
-                           io=InlineIo(clock))  # type: ignore[arg-type]
+                           io=InlineIo(clock), **kwargs)  # type: ignore[arg-type]
     _CLOCKS[reader] = clock
     return reader
 

@@ -15,60 +15,68 @@ the replacement."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from kinesis_actors import StartAt
-from kinesis_actors.reader import ConsumerState, ReaderSpec
+from kinesis_actors.leases.protocol import Lease
+from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer
 from kinesis_actors.testing import FakeClock, FakeShard, InProcessLeaseStore
+from tests.chaos.checker import Delivered, Published, check
 
 from .test_reader_core import SHARD, STREAM, consumer
 
-RENEW_S = 1.0
+LEASE_S, RENEW_S = 3.0, 1.0
+
+
+@dataclasses.dataclass
+class Overlap:
+    """What one run saw: each sink call as (loop, fake time, sequence numbers), the old
+    consumer, and the re-take (its lease and when it happened, fake seconds)."""
+
+    calls: list[tuple[str, float, list[int]]]
+    old: ShardConsumer
+    taken: Lease | None = None
+    took_at: float = 0.0
 
 
 def _spec() -> ReaderSpec:
     return ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=StartAt.trim_horizon(),
-                      lease_duration_s=3.0, renew_interval_s=RENEW_S, max_records=1000, idle_wait_s=0.2,
+                      lease_duration_s=LEASE_S, renew_interval_s=RENEW_S, max_records=1000, idle_wait_s=0.2,
                       max_sink_retries=2)
 
 
-def _overlap(take_after_s: float, new_starts_after_s: float, spread: float = 0.5) -> dict[str, Any]:
-    """Records arrive 3 per 50 ms; the old loop reads; at ``take_after_s`` the row is re-taken
-    for the same owner and a new loop starts ``new_starts_after_s`` later; 4 s later, what
-    each loop delivered (``calls``: (loop, fake time, sequence numbers)) and the take's row.
-    ``spread`` replaces the keepers' random draws (the first renewal's spread, backoff
-    jitter), so a run is the same every time."""
+def _overlap(take_after_s: float, new_starts_after_s: float, spread: float = 0.5) -> Overlap:
+    """Records arrive 3 per 50 ms; the old loop reads; ``take_after_s`` after it started the
+    row is re-taken for the same owner and a new loop starts ``new_starts_after_s`` later;
+    the run ends 4 s after the take. ``spread`` is both loops' ``rng`` (the first renewal's
+    spread, backoff jitter), so a run is the same every time."""
     clock = FakeClock()
     shard, store = FakeShard(0), InProcessLeaseStore(clock=clock)
     calls: list[tuple[str, float, list[int]]] = []
 
-    def sink(loop: str) -> Any:
+    def loop(name: str, lease: Lease | None) -> ShardConsumer:
         async def process(records: list[Any]) -> None:
-            calls.append((loop, clock(), [int(r.sequence_number) for r in records]))
-        return process
+            calls.append((name, clock(), [int(r.sequence_number) for r in records]))
+        return consumer(_spec(), lease, store, process, shard, clock, rng=lambda: spread)
 
-    lease = store.take(STREAM, SHARD, owner="me", duration_s=3.0)
-    old = consumer(_spec(), lease, store, sink("old"), shard, clock)
-    old.keeper._rng = lambda: spread
-    out: dict[str, Any] = {"calls": calls, "old": old}
+    out = Overlap(calls, loop("old", store.take(STREAM, SHARD, owner="me", duration_s=LEASE_S)))
 
     async def new_loop() -> None:
         await clock.sleep(new_starts_after_s)
-        new = consumer(_spec(), out["taken"], store, sink("new"), shard, clock)
-        new.keeper._rng = lambda: spread
-        await new.run()
+        await loop("new", out.taken).run()
 
     async def scenario() -> None:
-        tasks = [asyncio.create_task(old.run())]
-        end, took = clock() + take_after_s + 4.0, False
-        while clock() < end:
+        tasks = [asyncio.create_task(out.old.run())]
+        start = clock()
+        while clock() < start + take_after_s + 4.0:
             shard.add(3)
             await clock.run_for(0.05)
-            if not took and clock() >= 1000.0 + take_after_s:
-                out["taken"] = store.take(STREAM, SHARD, owner="me", duration_s=3.0)
-                out["took_at"], took = clock(), True
+            if out.taken is None and clock() >= start + take_after_s:
+                out.taken, out.took_at = store.take(STREAM, SHARD, owner="me", duration_s=LEASE_S), clock()
                 tasks.append(asyncio.create_task(new_loop()))
         for task in tasks:
             task.cancel()
@@ -84,29 +92,22 @@ def _overlap(take_after_s: float, new_starts_after_s: float, spread: float = 0.5
 def test_the_old_loop_delivers_one_batch_past_the_taken_checkpoint_and_it_holds_every_duplicate(
         take_after_s: float, new_starts_after_s: float, spread: float) -> None:
     out = _overlap(take_after_s, new_starts_after_s, spread)
-    calls, taken = out["calls"], out["taken"]
-    assert taken is not None and out["old"].state is ConsumerState.LOST  # fenced by the take
-    delivered = sorted({n for _, _, seqs in calls for n in seqs})
-    assert delivered == list(range(1, delivered[-1] + 1)) and delivered[-1] > 100  # nothing lost
-    checkpoint = int(taken.checkpoint or 0)
-    past = [c for c in calls if c[0] == "old" and max(c[2]) > checkpoint]
+    assert out.taken is not None and out.old.state is ConsumerState.LOST  # fenced by the take
+    counts = Counter(n for _, _, seqs in out.calls for n in seqs)
+    assert sorted(counts) == list(range(1, len(counts) + 1)) and len(counts) > 100  # nothing lost
+    checkpoint = int(out.taken.checkpoint or 0)
+    past = [c for c in out.calls if c[0] == "old" and max(c[2]) > checkpoint]
     assert len(past) <= 1, f"the old loop delivered {len(past)} batches past the taken checkpoint {checkpoint}"
-    assert all(t <= out["took_at"] + RENEW_S for _, t, _ in past)  # within one renewal of the take
-    seen: set[int] = set()
-    twice = {n for _, _, seqs in calls for n in seqs if n in seen or seen.add(n)}  # type: ignore[func-returns-value]
-    assert twice <= {n for c in past for n in c[2]}
+    assert all(t <= out.took_at + RENEW_S for _, t, _ in past)  # within one renewal of the take
+    assert {n for n, c in counts.items() if c > 1} <= {n for c in past for n in c[2]}
 
 
-def test_the_duplicates_of_one_overlap_can_come_from_two_acknowledged_calls() -> None:
-    """The shape the chaos checker met: the old loop's last batch repeats the head of the new
-    loop's first batch and its own tail is repeated by the new loop's next one."""
-    calls = _overlap(1.037, 0.0)["calls"]
-    first: dict[int, tuple[str, float]] = {}
-    originals = set()
-    for loop, t, seqs in calls:
-        for n in seqs:
-            if n in first:
-                originals.add(first[n])
-            else:
-                first[n] = (loop, t)
-    assert sorted(loop for loop, _ in originals) == ["new", "old"]
+def test_the_chaos_checker_counts_one_overlap_as_two_redelivered_calls() -> None:
+    """The shape chaos scenario 3a met, through its own checker: the old loop's last batch
+    repeats the head of the new loop's first batch and its own tail is repeated by the new
+    loop's next one (one overlap, two acknowledged calls delivered again)."""
+    out = _overlap(1.037, 0.0)
+    published = [Published(n, SHARD, str(n), 0.0) for n in sorted({n for _, _, s in out.calls for n in s})]
+    delivered = [Delivered(n, SHARD, str(n), t, via=loop) for loop, t, seqs in out.calls for n in seqs]
+    verdict = check("overlap", published, delivered)
+    assert verdict.ok and verdict.batches_redelivered_by_shard == {SHARD: 2}
