@@ -310,7 +310,7 @@ def test_2_remove_the_node_with_half_the_readers(chaos_cluster: Any, emulator: A
         # seen here once, when a lease poll re-took a shard whose replacement reader was still
         # starting and started a second one; a shard now has one entry in the Coordinator
         # from its take until its reader reports how it ended.)
-        assert_ok(verdict, overlap_hits({s: replaced[s] for s in affected}, old_gone_s))
+        assert_ok(verdict, overlap_hits(replaced, old_gone_s))  # replaced: the affected shards
         assert owners == {run.owner}, f"the shards changed owner: {owners}"
         assert all(moved[s]["node_id"] in survivors for s in affected), f"replacements not on a survivor: {moved}"
         assert margin > 0, f"the replacements delivered {-margin:.2f} s after the lease could have expired"
