@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,7 +41,7 @@ from .io import ByteBudget, ReaderIo, ToThreadIo
 from .lanes import process_in_lanes
 from .lease import CheckpointPacer, LeaseKeeper
 from .reading import FANOUT_BUDGET_DROP_S, Reading
-from .spec import Deliver, ReaderSpec, Sleep
+from .spec import Deliver, ReaderSpec, Rng, Sleep
 from .states import TRANSITIONS, ConsumerState, Stop, StopReason
 from .timers import wait_first
 
@@ -97,20 +96,17 @@ class ShardConsumer:
         deliver: ``async deliver(records)``; returning is the acknowledgement, raising a failure.
         kinesis: a boto3 Kinesis client (blocking; called in ``io``'s Kinesis pool).
         io: the process's :class:`ReaderIo`; default ``asyncio.to_thread``.
-        budget: the process's :class:`ByteBudget`, or None (unbounded).
+        budget: the process's :class:`ByteBudget`, or None (unbounded). rng: an :data:`~.spec.Rng` or None.
         clock: monotonic seconds. sleep: ``async sleep`` on that clock (every timer of the consumer).
         on_open: called once, when the consumer enters ``PROCESSING`` (first iterator held).
         lease_age_s: a lower bound on the lease's age, seconds (since the write that produced
             it was sent); None: at most one renew interval, assumed.
-        rng: uniform [0, 1) for the first renewal's spread and every backoff's jitter (lease
-            writes, sink retries); None: ``random.random``. Tests fix it to make a run repeat.
     """
 
     def __init__(self, spec: ReaderSpec, lease: Lease, store: LeaseStore, deliver: Deliver, kinesis: Any, *,
-                 io: ReaderIo | ToThreadIo | None = None, budget: ByteBudget | None = None,
-                 clock: Callable[[], float] = time.monotonic, on_open: Callable[[], None] | None = None,
-                 lease_age_s: float | None = None, sleep: Sleep = asyncio.sleep,
-                 rng: Callable[[], float] | None = None) -> None:
+                 io: ReaderIo | ToThreadIo | None = None, budget: ByteBudget | None = None, rng: Rng | None = None,
+                 clock: Callable[[], float] = time.monotonic, sleep: Sleep = asyncio.sleep,
+                 on_open: Callable[[], None] | None = None, lease_age_s: float | None = None) -> None:
         self.spec = spec
         self._kinesis = kinesis
         self._io = io if io is not None else ToThreadIo()
@@ -130,8 +126,7 @@ class ShardConsumer:
             self.stats.update(retrieval="fanout", subscriptions=0, subscription_renewals=0, subscription_drops=0,
                               budget_drops=0)
         self.keeper = LeaseKeeper(spec, lease, store, self._io, clock=clock, sleep=sleep, lease_age_s=lease_age_s,
-                                  on_lost=self._lost, on_handoff=self._asked, stats=self.stats,
-                                  rng=rng if rng is not None else random.random)
+                                  on_lost=self._lost, on_handoff=self._asked, stats=self.stats, rng=rng)
         self.delivery = BatchDelivery(spec, deliver, run_blocking=self._io.kinesis, clock=clock, sleep=sleep,
                                       alive=self._alive, stats=self.stats, confirm=self.keeper.confirm, rng=rng)
         self._stop: Stop | None = None

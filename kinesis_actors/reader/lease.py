@@ -68,7 +68,7 @@ class LeaseKeeper:
             bound); None: one renew interval, assumed.
         on_lost: called once with why, when the lease is found lost (fenced, or past its deadline).
         on_handoff: called with the asker's owner id when a write returns ``lease_next_owner``.
-        rng: uniform [0, 1) (the first renewal's spread, backoff jitter).
+        rng: uniform [0, 1) (the first renewal's spread, backoff jitter); None: ``random.random``.
         stats: the consumer's stats dict (``lease_counter`` is kept up to date there).
     """
 
@@ -76,7 +76,7 @@ class LeaseKeeper:
                  clock: Callable[[], float] = time.monotonic, sleep: Sleep = asyncio.sleep,
                  lease_age_s: float | None = None, on_lost: Callable[[str], None] = lambda why: None,
                  on_handoff: Callable[[str], None] = lambda asker: None,
-                 rng: Callable[[], float] = random.random, stats: dict[str, Any] | None = None) -> None:
+                 rng: Callable[[], float] | None = None, stats: dict[str, Any] | None = None) -> None:
         self.spec = spec
         self.store = store
         self._lease = lease
@@ -85,7 +85,7 @@ class LeaseKeeper:
         self._sleep = sleep
         self._on_lost = on_lost
         self._on_handoff = on_handoff
-        self._rng = rng
+        self._rng = rng if rng is not None else random.random
         self._lock = asyncio.Lock()
         self.lost: str | None = None  # why the lease was lost; then nothing more is written
         age = spec.renew_interval_s if lease_age_s is None else max(0.0, lease_age_s)

@@ -10,7 +10,7 @@ from ..config import DEFAULT_MAX_BUFFERED_BYTES, KinesisStream
 from ..delivery.options import DeliveryOptions
 from ..records import Record, StartAt
 
-__all__ = ["ReaderSpec", "kinesis_call_timeout_s", "Deliver", "Sleep", "DEFAULT_MAX_BUFFERED_BYTES",
+__all__ = ["ReaderSpec", "kinesis_call_timeout_s", "Deliver", "Sleep", "Rng", "DEFAULT_MAX_BUFFERED_BYTES",
            "DEFAULT_THREADS"]
 
 DEFAULT_THREADS = 16
@@ -85,5 +85,8 @@ Deliver = Callable[[Sequence[Record]], Awaitable[Any]]
 
 Sleep = Callable[[float], Awaitable[Any]]
 """``async sleep(seconds)`` on the injected clock (``asyncio.sleep`` by default)."""
+
+Rng = Callable[[], float]
+"""A uniform draw in [0, 1) (``random.random`` by default): renewal spread, backoff jitter."""
 
 
