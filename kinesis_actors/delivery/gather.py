@@ -79,7 +79,12 @@ class BatchGatherer:
         self.lanes = lanes
         self._clock = clock
         self._wall_clock = wall_clock if window_s > 0 else None
-        self._held: collections.deque[tuple[float, Record, int]] = collections.deque()  # (gathered at, record, size)
+        # The held records, and beside them when each was gathered and its size: parallel
+        # deques, not one tuple per record, so a full garbage collection (which stops the
+        # reader process) has one object per held record to scan, not two.
+        self._held: collections.deque[Record] = collections.deque()
+        self._stamps: collections.deque[float] = collections.deque()
+        self._record_sizes: collections.deque[int] = collections.deque()
         self.held_bytes = 0
         # The round at the front of _held: how many records, whether a limit closed it, each
         # record's lane, per-lane shares, and the lane of each key in it.
@@ -97,14 +102,17 @@ class BatchGatherer:
         """Gather ``records`` (in sequence order, after those already held), stamped with their
         arrival (see ``wall_clock``) or now."""
         now, wall = self._clock(), self._wall_clock
-        wall_now = wall() if wall is not None else 0.0
-        for r in records:
-            n = record_size(r)
-            stamp = now
-            if wall is not None and (arrival := r.arrival_epoch_s) is not None:
-                stamp = now - min(self.window_s, max(0.0, wall_now - arrival))
-            self._held.append((stamp, r, n))
-            self.held_bytes += n
+        records = list(records)
+        sizes = list(map(record_size, records))
+        if wall is None:
+            self._stamps.extend(itertools.repeat(now, len(records)))
+        else:
+            wall_now, window_s = wall(), self.window_s
+            self._stamps.extend(now if (arrival := r.arrival_epoch_s) is None
+                                else now - min(window_s, max(0.0, wall_now - arrival)) for r in records)
+        self._held.extend(records)
+        self._record_sizes.extend(sizes)
+        self.held_bytes += sum(sizes)
         self._extend_round()
 
     def _extend_round(self) -> None:
@@ -117,7 +125,8 @@ class BatchGatherer:
             self._full = self._round == self.max_records
             return
         counts, sizes, key_lane = self._counts, self._sizes, self._key_lane
-        for _, record, n in itertools.islice(held, self._round, None):
+        for record, n in zip(itertools.islice(held, self._round, None),
+                             itertools.islice(self._record_sizes, self._round, None)):
             lane = key_lane.get(record.partition_key)
             if lane is None:  # a key new to the round: the emptiest lane that can take the record
                 lane = min((i for i in range(self.lanes) if not self._at_limit(i, n)), key=counts.__getitem__,
@@ -152,7 +161,7 @@ class BatchGatherer:
             return None
         if self.window_s == 0 or self._full:
             return 0.0
-        return max(0.0, self._held[0][0] + self.window_s - self._clock())
+        return max(0.0, self._stamps[0] + self.window_s - self._clock())
 
     def ready(self) -> bool:
         """True when :meth:`take` would return a batch."""
@@ -166,11 +175,11 @@ class BatchGatherer:
         if not self._held or not (force or self.ready()):
             return None
         parts: list[list[Record]] = [[] for _ in range(self.lanes)]
-        popleft = self._held.popleft
+        popleft, pop_size, pop_stamp = self._held.popleft, self._record_sizes.popleft, self._stamps.popleft
         for lane in self._lane_by_index if self._lane_by_index else itertools.repeat(0, self._round):
-            _, record, n = popleft()
-            self.held_bytes -= n
-            parts[lane].append(record)
+            self.held_bytes -= pop_size()
+            pop_stamp()
+            parts[lane].append(popleft())
         self._restart_round()
         return parts
 
@@ -204,8 +213,10 @@ class BatchGatherer:
 
     def drop(self) -> Sequence[Record]:
         """Forget every held record (a seek or a stop: they were never acknowledged); return them."""
-        records = [r for _, r, _ in self._held]
+        records = list(self._held)
         self._held.clear()
+        self._stamps.clear()
+        self._record_sizes.clear()
         self.held_bytes = 0
         self._restart_round()
         return records

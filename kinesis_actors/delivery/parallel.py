@@ -40,43 +40,58 @@ OnAck = Callable[[int], Awaitable[None]]
 DeliverBatch = Callable[[Sequence[Record], OnAck], Awaitable[Any]]
 
 
+def _ack_key(record: Record) -> int:
+    """A record's position as one int (sequence number, then sub-sequence + 1, 0 without one):
+    unique within a shard and not tracked by the garbage collector, as a tuple would be."""
+    sub = record.sub_sequence_number
+    return int(record.sequence_number) << 64 | (0 if sub is None else sub + 1)
+
+
 class AckTracker:
     """Positions of one shard's records, in shard order, and which are acknowledged.
 
     ``add`` registers records as they are fetched; ``ack`` marks records done (in any
     order); ``advance`` returns the last record of the acknowledged prefix when it moved:
     the highest position below which everything is acknowledged, the only safe checkpoint.
+
+    Positions are held as ints in parallel deques: a reader may hold tens of thousands of
+    records per shard here, and one tuple per record would make each of Python's full
+    garbage collections (which stop the whole process) scan that many more objects.
     """
 
     def __init__(self) -> None:
-        self._order: collections.deque[tuple[tuple[int, int], Record]] = collections.deque()
-        self._acked: set[tuple[int, int]] = set()
+        self._keys: collections.deque[int] = collections.deque()
+        self._records: collections.deque[Record] = collections.deque()
+        self._acked: set[int] = set()
 
     @property
     def pending(self) -> int:
         """Records registered and not yet behind the checkpoint."""
-        return len(self._order)
+        return len(self._keys)
 
     def add(self, records: Iterable[Record]) -> None:
         """Register records in shard order (after those registered before)."""
-        self._order.extend((r.position, r) for r in records)
+        records = list(records)
+        self._keys.extend(map(_ack_key, records))
+        self._records.extend(records)
 
     def ack(self, records: Iterable[Record]) -> None:
         """Mark records acknowledged (delivered, filtered or dead-lettered)."""
-        self._acked.update(r.position for r in records)
+        self._acked.update(map(_ack_key, records))
 
     def advance(self) -> Record | None:
         """Drop the acknowledged prefix; its last record (the new checkpoint), or None if it did not move."""
         last = None
-        order, acked = self._order, self._acked
-        while order and order[0][0] in acked:
-            position, last = order.popleft()
-            acked.discard(position)
+        keys, records, acked = self._keys, self._records, self._acked
+        while keys and keys[0] in acked:
+            acked.discard(keys.popleft())
+            last = records.popleft()
         return last
 
     def clear(self) -> None:
         """Forget everything (a seek: the records are fetched again)."""
-        self._order.clear()
+        self._keys.clear()
+        self._records.clear()
         self._acked.clear()
 
 
