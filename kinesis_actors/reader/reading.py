@@ -112,10 +112,12 @@ class Reading:
         in the pool is not silence (other loops hold it); the call itself is, from when its
         thread starts it: it must end within its socket timeout.
 
-        ``prepare(answer)``, if given, runs in the same thread after the call: per-record work
-        the caller would otherwise do on the event loop, where one shard's 10,000-record
-        response blocks every shard of the process for its duration (in a thread the
-        interpreter hands the GIL back to the loop every switch interval, 5 ms)."""
+        ``prepare(answer)``, if given, runs in a pool thread after the call, outside the call
+        limit (its slot is free again, and the build is not counted as call time by the stuck
+        detection): per-record work the caller would otherwise do on the event loop, where
+        one shard's 10,000-record response blocks every shard of the process for its duration
+        (in a thread the interpreter hands the GIL back to the loop every switch interval,
+        5 ms)."""
         fetcher = self.fetcher
         assert fetcher is not None
         started: list[float] = []  # set by the pool's thread when the call begins
@@ -125,18 +127,19 @@ class Reading:
                 if self._abandoned:
                     return None
                 started.append(self._clock())
-            got = fetcher.step()
-            if got is not None and prepare is not None:
-                prepare(got)
-            return got
+            return fetcher.step()
 
         self._abandoned = False
         self._keeper.call_started = self._call = started
         try:
             kind = fetcher.io_kind
             if kind == "stream":
-                return await self._io.stream(call)
-            return await self._io.kinesis(call, limited=kind == "poll", shard=self.spec.shard_id)
+                got = await self._io.stream(call)
+            else:
+                got = await self._io.kinesis(call, limited=kind == "poll", shard=self.spec.shard_id)
+            if got is not None and prepare is not None:
+                await self._io.kinesis(prepare, got, limited=False)
+            return got
         finally:
             self._keeper.call_started = self._call = None
             self._keeper.alive()
