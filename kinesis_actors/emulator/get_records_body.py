@@ -28,11 +28,12 @@ from __future__ import annotations
 import binascii
 import datetime as _dt
 import inspect
+import json
 from typing import Any
 
 import msgspec
 
-__all__ = ["install_get_records_body", "get_records_document", "body_matches_stock", "unix_timestamp"]
+__all__ = ["install_get_records_body", "get_records_document", "body_matches_stock", "unix_timestamp", "encode_body"]
 
 _PATCH_MARK = "_kinesis_actors_fast_body"
 CONTENT_TYPE = "application/x-amz-json-1.1"
@@ -77,6 +78,16 @@ def get_records_document(records: list[Any], next_iterator: str | None, millis_b
     return doc
 
 
+def encode_body(doc: dict[str, Any]) -> str:
+    """``doc`` as JSON text: msgspec's encoder, or ``json.dumps`` (moto's) for a document
+    msgspec refuses: a partition key holding a lone surrogate (a JSON ``PutRecord`` may send
+    ``"\\ud800"``, and moto stores it as it came), which ``json.dumps`` escapes."""
+    try:
+        return msgspec.json.encode(doc).decode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(doc)
+
+
 def install_get_records_body(responses: Any) -> None:
     """Patch ``responses.KinesisResponse.get_records`` and ``_enrich_response`` (moto's
     ``moto.kinesis.responses``; once)."""
@@ -97,7 +108,7 @@ def install_get_records_body(responses: Any) -> None:
             return stock(self)
         next_iterator, records, millis_behind = self.kinesis_backend.get_records(
             self._get_param("StreamARN"), self._get_param("ShardIterator"), self._get_param("Limit"))
-        body = msgspec.json.encode(get_records_document(records, next_iterator, millis_behind)).decode("utf-8")
+        body = encode_body(get_records_document(records, next_iterator, millis_behind))
         return 200, {"Content-Type": CONTENT_TYPE}, body
 
     get_records.__qualname__ = "KinesisResponse.get_records"
