@@ -105,11 +105,13 @@ class BatchGatherer:
         records = list(records)
         sizes = list(map(record_size, records))
         if wall is None:
-            self._stamps.extend(itertools.repeat(now, len(records)))
+            stamps: list[float] = [now] * len(records)
         else:
             wall_now, window_s = wall(), self.window_s
-            self._stamps.extend(now if (arrival := r.arrival_epoch_s) is None
-                                else now - min(window_s, max(0.0, wall_now - arrival)) for r in records)
+            stamps = [now if (arrival := r.arrival_epoch_s) is None
+                      else now - min(window_s, max(0.0, wall_now - arrival)) for r in records]
+        # every column computed before any deque grows: the three stay in step
+        self._stamps.extend(stamps)
         self._held.extend(records)
         self._record_sizes.extend(sizes)
         self.held_bytes += sum(sizes)

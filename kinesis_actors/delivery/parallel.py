@@ -72,7 +72,8 @@ class AckTracker:
     def add(self, records: Iterable[Record]) -> None:
         """Register records in shard order (after those registered before)."""
         records = list(records)
-        self._keys.extend(map(_ack_key, records))
+        keys = list(map(_ack_key, records))  # all of them first: the two deques stay in step
+        self._keys.extend(keys)
         self._records.extend(records)
 
     def ack(self, records: Iterable[Record]) -> None:
