@@ -28,7 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
-from ..records import Record
+from ..records import Record, seq_key
 from .gather import BatchGatherer
 from .options import DeliveryOptions
 
@@ -44,7 +44,7 @@ def _ack_key(record: Record) -> int:
     """A record's position as one int (sequence number, then sub-sequence + 1, 0 without one):
     unique within a shard and not tracked by the garbage collector, as a tuple would be."""
     sub = record.sub_sequence_number
-    return int(record.sequence_number) << 64 | (0 if sub is None else sub + 1)
+    return seq_key(record.sequence_number) << 64 | (0 if sub is None else sub + 1)
 
 
 class AckTracker:

@@ -64,8 +64,9 @@ async def _reopen(consumer: ShardConsumer) -> None:
 def _materialize(got: Fetched) -> None:
     """Build the response's :class:`~kinesis_actors.records.Record` objects (the batch keeps
     them): the lanes split records by partition key and track each one's position, and
-    building 10,000 of them takes about 25 ms, which in the fetch's thread does not hold up
-    the other shards' rounds on the event loop."""
+    building 10,000 of them takes about 25 ms, which in a pool thread after the fetch
+    (``Reading.fetch(prepare=...)``) does not hold up the other shards' rounds on the event
+    loop."""
     got.records.records()
 
 

@@ -88,8 +88,8 @@ class Reading:
     async def fetch(self, interrupted: Callable[[], bool],
                     prepare: Callable[[Fetched], object] | None = None) -> Fetched | None:
         """One step of the fetcher, paced, within the byte budget; None if nothing to
-        deliver (or ``interrupted()`` after pacing). ``prepare`` runs on the answer in the
-        call's thread (see :meth:`step`)."""
+        deliver (or ``interrupted()`` after pacing). ``prepare`` runs on the answer in a pool
+        thread after the call, outside the call limit (see :meth:`step`)."""
         fetcher = self.fetcher
         assert fetcher is not None
         await self.pace()
