@@ -5,6 +5,7 @@ calling process (the child of :class:`~kinesis_actors.emulator.Emulator`, or the
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import json
 import logging
@@ -72,6 +73,45 @@ class _RequestCounter:
         return self.app(environ, start_response)
 
 
+class _KeepAlive:
+    """werkzeug request-handler mixin: HTTP/1.1 keep-alive, as the real service keeps
+    connections open, where werkzeug's development server closes every connection.
+
+    werkzeug ends each response with ``Connection: close`` because after the app it drains
+    whatever the socket still holds, which on a kept-alive connection would be the next
+    request. Here the request body (exactly ``Content-Length`` bytes) is read before the
+    app runs, and the app reads it from memory; werkzeug's drain then finds that buffer
+    empty and stops, leaving the next request in the socket. Requests with a chunked body,
+    ``Expect: 100-continue``, HTTP/1.0 or the client's ``Connection: close`` keep werkzeug's
+    behaviour. ``TCP_NODELAY``: the status line, headers and body are separate writes, and
+    with Nagle on a kept-alive connection would wait for the client's delayed ACK (40 ms)."""
+
+    def setup(self) -> None:
+        super().setup()  # type: ignore[misc]
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[attr-defined]
+
+    def run_wsgi(self) -> None:
+        headers = self.headers  # type: ignore[attr-defined]
+        length = headers.get("Content-Length")
+        self._keep_alive = (self.request_version == "HTTP/1.1" and not self.close_connection  # type: ignore[attr-defined]
+                            and "Transfer-Encoding" not in headers and "Expect" not in headers
+                            and (length is None or length.isdigit()))
+        if not self._keep_alive:
+            super().run_wsgi()  # type: ignore[misc]
+            return
+        sock_file = self.rfile
+        self.rfile: Any = io.BytesIO(sock_file.read(int(length)) if length else b"")
+        try:
+            super().run_wsgi()  # type: ignore[misc]
+        finally:
+            self.rfile = sock_file
+
+    def send_header(self, keyword: str, value: str) -> None:
+        if getattr(self, "_keep_alive", False) and keyword.lower() == "connection" and value.lower() == "close":
+            return
+        super().send_header(keyword, value)  # type: ignore[misc]
+
+
 def _make_server(host: str, port: int, *, threaded: bool = True) -> Any:
     """A werkzeug server for moto's dispatcher app (threaded unless ``threaded=False``: one
     request at a time, as many test setups run moto), bound (listening) on host:port.
@@ -86,7 +126,7 @@ def _make_server(host: str, port: int, *, threaded: bool = True) -> Any:
     if werkzeug_log.level == logging.NOTSET:
         werkzeug_log.setLevel(logging.WARNING)  # no line per request unless asked for
 
-    class _QuietHandler(MotoRequestHandler):
+    class _QuietHandler(_KeepAlive, MotoRequestHandler):
         def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
             if werkzeug_log.isEnabledFor(logging.INFO):
                 super().log_request(code, size)
