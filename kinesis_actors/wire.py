@@ -46,6 +46,7 @@ import os
 import socket
 import threading
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from .batch import RecordBatch
@@ -145,6 +146,7 @@ class WireGetRecords:
 
     def __init__(self, client: Any) -> None:
         import urllib3
+        from botocore.auth import _host_from_url
         from botocore.httpsession import get_cert_path
 
         self._client = client
@@ -162,6 +164,13 @@ class WireGetRecords:
         timeout = urllib3.Timeout(connect=config.connect_timeout, read=config.read_timeout)
         self._pool = urllib3.PoolManager(num_pools=4, maxsize=max(1, config.max_pool_connections), block=False,
                                          timeout=timeout, retries=False, ca_certs=get_cert_path(True))
+        # Computed once: botocore's signer otherwise parses the URL for the Host header at
+        # every call (its _host_from_url, twice per signature).
+        self._host = _host_from_url(self._url)
+        # The endpoint's connection pool, kept: PoolManager.urlopen parses the URL and looks
+        # the pool up at every call. Other URLs (a hook that rewrote it) go through the manager.
+        self._http: Any = self._pool.connection_from_url(self._url)
+        self._path = urllib3.util.parse_url(self._url).request_uri
 
     def call(self, iterator: str, limit: int, *, shard_id: str, stream: str) -> dict[str, Any]:
         """One ``GetRecords``: the answer with ``Records`` as a :class:`~kinesis_actors.batch.RecordBatch`
@@ -177,10 +186,11 @@ class WireGetRecords:
                           context=context)
         body = _dumps(params)
         request = AWSRequest(method="POST", url=self._url, data=body,
-                             headers={"Content-Type": _CONTENT_TYPE, "X-Amz-Target": _TARGET})
+                             headers={"Content-Type": _CONTENT_TYPE, "X-Amz-Target": _TARGET, "Host": self._host})
         self._client._request_signer.sign("GetRecords", request)  # credentials (refreshed), SigV4
         prepared = request.prepare()
         hooked = self._events.emit_until_response("before-send.kinesis.GetRecords", request=prepared)[1]
+        headers: Mapping[str, str]
         if hooked is not None:
             status, headers, content = hooked.status_code, dict(hooked.headers), hooked.content
         else:
@@ -193,14 +203,19 @@ class WireGetRecords:
         parsed["Records"] = batch_from_json_records(parsed.get("Records") or [], shard_id=shard_id, stream=stream)
         return dict(parsed)
 
-    def _send(self, prepared: Any) -> tuple[int, dict[str, str], bytes]:
+    def _send(self, prepared: Any) -> tuple[int, Mapping[str, str], bytes]:
         from botocore import exceptions as bx
 
         u3 = self._urllib3.exceptions
         url = prepared.url
         try:
-            response = self._pool.urlopen("POST", url, body=prepared.body, headers=dict(prepared.headers),
-                                          retries=False, preload_content=True)
+            http = self._http
+            if url == self._url and http is not None:
+                response = http.urlopen("POST", self._path, body=prepared.body, headers=dict(prepared.headers),
+                                        retries=False, redirect=False, assert_same_host=False, preload_content=True)
+            else:
+                response = self._pool.urlopen("POST", url, body=prepared.body, headers=dict(prepared.headers),
+                                              retries=False, preload_content=True)
         except (u3.NewConnectionError, socket.gaierror) as e:  # botocore's order (httpsession.py)
             raise bx.EndpointConnectionError(endpoint_url=url, error=e) from e
         except u3.SSLError as e:
@@ -213,9 +228,9 @@ class WireGetRecords:
             raise bx.ConnectionClosedError(error=e, endpoint_url=url) from e
         except Exception as e:
             raise bx.HTTPClientError(error=e) from e
-        return response.status, dict(response.headers), response.data
+        return response.status, response.headers, response.data  # headers: read on errors only
 
-    def _error(self, status: int, headers: dict[str, str], content: bytes) -> Exception:
+    def _error(self, status: int, headers: Mapping[str, str], content: bytes) -> Exception:
         """The ``ClientError`` botocore would raise for this error answer."""
         lower = {k.lower(): v for k, v in headers.items()}
         try:
@@ -257,7 +272,8 @@ class WireGetRecords:
         return error_class(parsed, "GetRecords")  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        """Close the pooled connections."""
+        """Close the pooled connections (later calls open new ones)."""
+        self._http = None
         self._pool.clear()
 
 
