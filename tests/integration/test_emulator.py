@@ -527,3 +527,35 @@ def test_dynamodb_conditional_writes_are_atomic(endpoint: str) -> None:
         for counter in range(30):
             wins = sum(pool.map(lambda who, counter=counter: take(counter, who), range(8)))
             assert wins == 1, f"round {counter}: {wins} conditional writes succeeded"
+
+
+def _post(conn: Any, target: str, body: bytes, extra: dict[str, str] | None = None) -> tuple[int, str | None, bytes]:
+    headers = {"Content-Type": "application/x-amz-json-1.1", "X-Amz-Target": f"Kinesis_20131202.{target}",
+               "Authorization": "AWS4-HMAC-SHA256 Credential=x/20260101/us-east-1/kinesis/aws4_request, "
+                                "SignedHeaders=host, Signature=0", **(extra or {})}
+    conn.request("POST", "/", body=body, headers=headers)
+    response = conn.getresponse()
+    return response.status, response.getheader("Connection"), response.read()
+
+
+def test_connections_are_kept_alive_and_each_request_on_one_is_answered(endpoint: str, unique: str) -> None:
+    """The real service keeps HTTP/1.1 connections open; so does the emulator: requests one after another on one
+    connection are each answered in full (werkzeug's own server closed every connection after one response)."""
+    import http.client
+    import json
+
+    _client("kinesis", endpoint).create_stream(StreamName=unique, ShardCount=1)
+    host, port = endpoint.rsplit("//", 1)[1].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        for i in range(3):
+            status, connection, body = _post(conn, "DescribeStreamSummary", json.dumps({"StreamName": unique}).encode())
+            assert status == 200 and connection is None, (i, status, connection)
+            assert json.loads(body)["StreamDescriptionSummary"]["StreamName"] == unique
+            sock = conn.sock
+            assert sock is not None, "the connection was closed after a response"
+        status, connection, _ = _post(conn, "DescribeStreamSummary", json.dumps({"StreamName": unique}).encode(),
+                                      {"Connection": "close"})
+        assert status == 200 and connection == "close", "a client's Connection: close is honoured"
+    finally:
+        conn.close()
