@@ -65,12 +65,21 @@ class _RequestCounter:
                 counts = dict(self.counts)
             body = json.dumps({"total": sum(counts.values()), "by_operation": counts}).encode()
             start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
-            return [body]
+            return [] if environ.get("REQUEST_METHOD") == "HEAD" else [body]
         target = environ.get("HTTP_X_AMZ_TARGET")  # e.g. "Kinesis_20131202.GetRecords"
         operation = target.rsplit(".", 1)[-1] if target else "(other)"
         with self.lock:
             self.counts[operation] = self.counts.get(operation, 0) + 1
-        return self.app(environ, start_response)
+        # The whole response before any of it is written: an app failing part-way then fails
+        # before the headers went out (werkzeug answers 500), never after a Content-Length
+        # on a kept-alive connection (the client would wait for the rest until its timeout).
+        result = self.app(environ, start_response)
+        try:
+            return [b"".join(result)]
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
 
 
 class _KeepAlive:
@@ -82,9 +91,11 @@ class _KeepAlive:
     request. Here the request body (exactly ``Content-Length`` bytes) is read before the
     app runs, and the app reads it from memory; werkzeug's drain then finds that buffer
     empty and stops, leaving the next request in the socket. Requests with a chunked body,
-    ``Expect: 100-continue``, HTTP/1.0 or the client's ``Connection: close`` keep werkzeug's
-    behaviour. ``TCP_NODELAY``: the status line, headers and body are separate writes, and
-    with Nagle on a kept-alive connection would wait for the client's delayed ACK (40 ms)."""
+    ``Expect: 100-continue``, HTTP/1.0, the client's ``Connection: close``, or a
+    ``Content-Length`` repeated or not in ASCII digits keep werkzeug's behaviour, as does
+    any answer sent outside ``run_wsgi`` (http.server's own errors). ``TCP_NODELAY``: the
+    status line, headers and body are separate writes, and with Nagle on a kept-alive
+    connection would wait for the client's delayed ACK (40 ms)."""
 
     def setup(self) -> None:
         super().setup()  # type: ignore[misc]
@@ -92,19 +103,21 @@ class _KeepAlive:
 
     def run_wsgi(self) -> None:
         headers = self.headers  # type: ignore[attr-defined]
-        length = headers.get("Content-Length")
-        self._keep_alive = (self.request_version == "HTTP/1.1" and not self.close_connection  # type: ignore[attr-defined]
-                            and "Transfer-Encoding" not in headers and "Expect" not in headers
-                            and (length is None or length.isdigit()))
-        if not self._keep_alive:
+        lengths = headers.get_all("Content-Length") or []
+        length = lengths[0] if len(lengths) == 1 else None
+        if not (self.request_version == "HTTP/1.1" and not self.close_connection  # type: ignore[attr-defined]
+                and "Transfer-Encoding" not in headers and "Expect" not in headers
+                and (not lengths or (length is not None and length.isascii() and length.isdigit()))):
             super().run_wsgi()  # type: ignore[misc]
             return
         sock_file = self.rfile
         self.rfile: Any = io.BytesIO(sock_file.read(int(length)) if length else b"")
+        self._keep_alive = True
         try:
             super().run_wsgi()  # type: ignore[misc]
         finally:
             self.rfile = sock_file
+            self._keep_alive = False  # an error answer to the next request (before run_wsgi) closes
 
     def send_header(self, keyword: str, value: str) -> None:
         if getattr(self, "_keep_alive", False) and keyword.lower() == "connection" and value.lower() == "close":

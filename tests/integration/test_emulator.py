@@ -559,3 +559,21 @@ def test_connections_are_kept_alive_and_each_request_on_one_is_answered(endpoint
         assert status == 200 and connection == "close", "a client's Connection: close is honoured"
     finally:
         conn.close()
+
+
+def test_a_head_answer_on_a_kept_alive_connection_carries_no_body(endpoint: str) -> None:
+    """A HEAD answer with a body would sit in front of the next answer on the connection."""
+    host, port = endpoint.rsplit("//", 1)[1].rsplit(":", 1)
+    head = f"HEAD /_kinesis_actors/requests HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+    get = f"GET /_kinesis_actors/requests HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + get)
+        data = b""
+        deadline = time.monotonic() + 10
+        while data.count(b"HTTP/1.1 ") < 2 or not data.rstrip().endswith(b"}"):
+            assert time.monotonic() < deadline, data
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+    first_end = data.index(b"\r\n\r\n") + 4
+    assert data[first_end:].startswith(b"HTTP/1.1 200"), data
