@@ -188,6 +188,9 @@ class WireGetRecords:
         request = AWSRequest(method="POST", url=self._url, data=body,
                              headers={"Content-Type": _CONTENT_TYPE, "X-Amz-Target": _TARGET, "Host": self._host})
         self._client._request_signer.sign("GetRecords", request)  # credentials (refreshed), SigV4
+        if request.url != self._url:  # a before-sign hook moved the request: sign its own Host
+            del request.headers["Host"]
+            self._client._request_signer.sign("GetRecords", request)
         prepared = request.prepare()
         hooked = self._events.emit_until_response("before-send.kinesis.GetRecords", request=prepared)[1]
         headers: Mapping[str, str]
@@ -213,9 +216,10 @@ class WireGetRecords:
             if url == self._url and http is not None:
                 response = http.urlopen("POST", self._path, body=prepared.body, headers=dict(prepared.headers),
                                         retries=False, redirect=False, assert_same_host=False, preload_content=True)
-            else:
-                response = self._pool.urlopen("POST", url, body=prepared.body, headers=dict(prepared.headers),
-                                              retries=False, preload_content=True)
+            else:  # after close(), or a before-send hook moved it: urllib3 sets the URL's Host, as botocore's path does
+                headers = {k: v for k, v in prepared.headers.items() if k.lower() != "host"}
+                response = self._pool.urlopen("POST", url, body=prepared.body, headers=headers, retries=False,
+                                              preload_content=True)
         except (u3.NewConnectionError, socket.gaierror) as e:  # botocore's order (httpsession.py)
             raise bx.EndpointConnectionError(endpoint_url=url, error=e) from e
         except u3.SSLError as e:

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -24,8 +24,11 @@ ITERATOR = "AAAAAAAAAAGcanned"
 class _Canned(BaseHTTPRequestHandler):
     answer: tuple[int, bytes, float, bool] = (200, b"{}", 0.0, False)  # status, body, delay, drop
 
+    hosts: ClassVar[list[list[str]]] = []  # the Host headers of each request received
+
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).hosts.append(self.headers.get_all("Host") or [])
         status, body, delay, drop = type(self).answer
         if delay:
             time.sleep(delay)
@@ -148,3 +151,21 @@ def test_a_canned_end_of_shard_answer_with_child_shards_equals_botocore(server: 
     assert fast["Records"][0].data == b"hello"
     assert fast.get("NextShardIterator") is None and boto.get("NextShardIterator") is None
     assert fast["ChildShards"] == boto["ChildShards"] and fast["MillisBehindLatest"] == boto["MillisBehindLatest"]
+
+
+@pytest.mark.parametrize("hook", ["before-sign", "before-send"])
+def test_the_host_sent_is_the_host_of_the_url_a_hook_moved_the_request_to(server: tuple[str, type[_Canned]],
+                                                                           hook: str) -> None:
+    """The fast path signs a Host header computed once for the endpoint; a hook that moves the request to
+    another URL must still send (and, before signing, sign) that URL's Host, as botocore's path does."""
+    url, handler = server
+    handler.answer = (200, json.dumps({"Records": [], "NextShardIterator": ITERATOR, "MillisBehindLatest": 0}).encode(),
+                      0.0, False)
+    port = url.rsplit(":", 1)[1]
+    client = _client(f"http://localhost:{port}")
+    client.meta.events.register(f"{hook}.kinesis.GetRecords",
+                                lambda request, **kw: setattr(request, "url", f"http://127.0.0.1:{port}/"))
+    handler.hosts.clear()
+    client.get_records(ShardIterator=ITERATOR, Limit=1)
+    WireGetRecords(client).call(ITERATOR, 1, shard_id="shardId-000000000000", stream="s")
+    assert handler.hosts == [[f"127.0.0.1:{port}"]] * 2
