@@ -79,6 +79,8 @@ def idle_due(now: float, wait: float, slot: float, phase: float | None = None) -
     ``time.monotonic`` is one clock) take turns rather than contend for the cores at once.
     """
     due = now + wait
+    if slot <= 0:
+        return due
     offset = (_IDLE_PHASE if phase is None else phase) * slot
     aligned = offset + math.floor((due - offset) / slot + 1e-9) * slot  # 1e-9: a due on the grid stays there
     return aligned if now < aligned <= due else due
@@ -380,7 +382,7 @@ class ShardFetcher(ShardPosition):
         shard_end = self._iterator is None or self._past_end(at_tip)
         if at_tip:
             self._idle += 1
-            wait = min(self.max_idle_wait_s, self.idle_wait_s * 2 ** (self._idle - 1))
+            wait = min(self.max_idle_wait_s, self.idle_wait_s * 2 ** min(self._idle - 1, 30))  # 2**1024: OverflowError
             self._next_call_at = max(self._next_call_at, idle_due(self._clock(), wait, self.max_idle_wait_s))
         else:
             self._idle = 0

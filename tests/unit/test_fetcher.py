@@ -87,6 +87,17 @@ def test_idle_shards_that_reached_the_tip_at_different_moments_poll_together(mon
         assert f.due_in() == pytest.approx(1.0)
 
 
+def test_a_shard_idle_for_hours_keeps_polling_once_per_max_idle_wait() -> None:
+    shard, clock = FakeShard(0), FakeClock()
+    f = fetcher(shard, clock, idle_wait_s=0.25, max_idle_wait_s=1.0)
+    drive(f, clock, 1)
+    for _ in range(1100):  # past 2 ** 1024, which as a float overflows
+        clock.advance(f.due_in())
+        assert f.step() is not None
+    assert 0 < f.due_in() <= 1.0
+    assert idle_due(5.0, 0.5, 0.0) == 5.5, "no grid when the cap is 0"
+
+
 def test_an_expired_iterator_reopens_after_the_last_record_returned() -> None:
     shard, clock = FakeShard(5), FakeClock()
     f = fetcher(shard, clock)
