@@ -84,6 +84,11 @@ class CallLimit:
         return sum(1 for c in self._calls if c.counted and now - c.started < self.stuck_after_s)
 
     @property
+    def outside_limit(self) -> frozenset[str]:
+        """The shards whose last call outlived ``stuck_after_s``: their calls run outside the limit."""
+        return frozenset(self._slow)
+
+    @property
     def queued(self) -> int:
         """Calls waiting for a place."""
         return sum(1 for future, _ in self._queue if not future.done())

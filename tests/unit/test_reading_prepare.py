@@ -49,6 +49,6 @@ def test_the_time_prepare_takes_is_not_call_time() -> None:
         got = await reading.fetch(lambda: False, prepare)
         assert got is not None and prepared == [got]
         io.close()
-        return set(io.limit._slow)
+        return set(io.limit.outside_limit)
 
     assert asyncio.run(main()) == set()  # a 0.5 s call does not put the shard outside the call limit
