@@ -97,21 +97,31 @@ class _KeepAlive:
     status line, headers and body are separate writes, and with Nagle on a kept-alive
     connection would wait for the client's delayed ACK (40 ms)."""
 
+    _keep_alive = False  # True while run_wsgi answers a request on a connection kept open
+
     def setup(self) -> None:
         super().setup()  # type: ignore[misc]
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[attr-defined]
 
-    def run_wsgi(self) -> None:
+    def _body_length(self) -> int | None:
+        """The request body's length if the connection may stay open after the answer, else None."""
         headers = self.headers  # type: ignore[attr-defined]
-        lengths = headers.get_all("Content-Length") or []
-        length = lengths[0] if len(lengths) == 1 else None
-        if not (self.request_version == "HTTP/1.1" and not self.close_connection  # type: ignore[attr-defined]
-                and "Transfer-Encoding" not in headers and "Expect" not in headers
-                and (not lengths or (length is not None and length.isascii() and length.isdigit()))):
+        if self.request_version != "HTTP/1.1" or self.close_connection:  # type: ignore[attr-defined]
+            return None
+        if "Transfer-Encoding" in headers or "Expect" in headers:
+            return None
+        lengths = headers.get_all("Content-Length") or ["0"]
+        if len(lengths) != 1 or not (lengths[0].isascii() and lengths[0].isdigit()):
+            return None
+        return int(lengths[0])
+
+    def run_wsgi(self) -> None:
+        length = self._body_length()
+        if length is None:
             super().run_wsgi()  # type: ignore[misc]
             return
         sock_file = self.rfile
-        self.rfile: Any = io.BytesIO(sock_file.read(int(length)) if length else b"")
+        self.rfile: Any = io.BytesIO(sock_file.read(length))
         self._keep_alive = True
         try:
             super().run_wsgi()  # type: ignore[misc]
@@ -120,7 +130,7 @@ class _KeepAlive:
             self._keep_alive = False  # an error answer to the next request (before run_wsgi) closes
 
     def send_header(self, keyword: str, value: str) -> None:
-        if getattr(self, "_keep_alive", False) and keyword.lower() == "connection" and value.lower() == "close":
+        if self._keep_alive and keyword.lower() == "connection" and value.lower() == "close":
             return
         super().send_header(keyword, value)  # type: ignore[misc]
 
