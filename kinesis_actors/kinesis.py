@@ -73,7 +73,8 @@ def idle_due(now: float, wait: float, slot: float, phase: float | None = None) -
     and 1.46 ms with 12 ms between calls; 85 shards on one event loop polling once a second
     cost 1.42-1.65 ms per poll spread out and 1.00-1.10 ms on a 1 s grid (``bench.idle``,
     256 shards, the Ray processes: 1.68-1.78 and 1.30-1.40 ms per request). It is how
-    operating systems batch timers (Linux's timer slack). Rounding down, a shard never
+    operating systems batch timers (Linux's timer slack); renewals use a grid too, rounded
+    up (:func:`~kinesis_actors.reader.lease.renewal_slot`). Rounding down, a shard never
     notices new records later than without it; once on the grid it polls once per slot,
     as before. Each process has its own phase, so the processes of a machine (whose
     ``time.monotonic`` is one clock) take turns rather than contend for the cores at once.

@@ -167,7 +167,9 @@ class WireGetRecords:
         self._pool = urllib3.PoolManager(num_pools=4, maxsize=max(1, config.max_pool_connections), block=False,
                                          timeout=timeout, retries=False, ca_certs=get_cert_path(True))
         # Computed once: botocore's signer otherwise parses the URL for the Host header at
-        # every call (its _host_from_url, twice per signature).
+        # every call (its _host_from_url, twice per signature). _host_from_url is private to
+        # botocore: if it goes, this __init__ raises and wire_get_records falls back to
+        # client.get_records.
         self._host = _host_from_url(self._url)
         # The endpoint's connection pool, kept: PoolManager.urlopen parses the URL and looks
         # the pool up at every call. Other URLs (a hook that rewrote it) go through the manager.
@@ -202,11 +204,11 @@ class WireGetRecords:
             status, headers, content = self._send(prepared)
         if status != 200:
             raise self._error(status, headers, content)
-        parsed = loads(content)
+        parsed: dict[str, Any] = loads(content)
         self._events.emit("after-call.kinesis.GetRecords", http_response=hooked, parsed=parsed, model=self._model,
                           context=context)
         parsed["Records"] = batch_from_json_records(parsed.get("Records") or [], shard_id=shard_id, stream=stream)
-        return dict(parsed)
+        return parsed
 
     def _send(self, prepared: Any) -> tuple[int, Mapping[str, str], bytes]:
         from botocore import exceptions as bx

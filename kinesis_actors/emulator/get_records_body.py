@@ -81,7 +81,12 @@ def get_records_document(records: list[Any], next_iterator: str | None, millis_b
 def encode_body(doc: dict[str, Any]) -> str:
     """``doc`` as JSON text: msgspec's encoder, or ``json.dumps`` (moto's) for a document
     msgspec refuses: a partition key holding a lone surrogate (a JSON ``PutRecord`` may send
-    ``"\\ud800"``, and moto stores it as it came), which ``json.dumps`` escapes."""
+    ``"\\ud800"``, and moto stores it as it came), which ``json.dumps`` escapes.
+
+    Raises:
+        TypeError: a value of a type neither encoder supports (:func:`get_records_document`
+            builds none).
+    """
     try:
         return msgspec.json.encode(doc).decode("utf-8")
     except UnicodeEncodeError:
