@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import random
 import time
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from .records import Record, StartAt, records_from_response, seq_key
 from .wire import wire_get_records
 
 __all__ = ["ShardInfo", "describe_stream", "ensure_stream", "list_shards", "call_with_retry", "ShardFetcher",
-           "Fetched", "MIN_CALL_SPACING_S", "idle_due", "GET_RECORDS_MAX_BYTES", "record_bytes", "backoff_s",
+           "Fetched", "MIN_CALL_SPACING_S", "GET_RECORDS_MAX_BYTES", "record_bytes", "backoff_s",
            "CONTROL_PLANE_BACKOFF"]
 
 log = logging.getLogger(__name__)
@@ -43,9 +42,6 @@ log = logging.getLogger(__name__)
 MIN_CALL_SPACING_S = 0.2
 """Shortest gap between two ``GetRecords`` calls on one shard, seconds: 5 calls per second,
 the AWS limit per shard."""
-
-_IDLE_PHASE = random.random()
-"""This process's phase on the idle-poll grid, a fraction of a slot (see :func:`idle_due`)."""
 
 GET_RECORDS_MAX_BYTES = 10 * 2**20
 """Most data one ``GetRecords`` response carries (AWS: 10 MiB per call), bytes."""
@@ -58,44 +54,6 @@ def record_bytes(record: Record) -> int:
     only; ``bench`` (section ``scale``) reports the readers' USS beside the budget.
     """
     return len(record.data) + len(record.partition_key)
-
-
-def idle_due(now: float, wait: float, slot: float, phase: float | None = None) -> float:
-    """When an idle poll due ``wait`` seconds after ``now`` (monotonic s) runs: the latest
-    point of this process's grid (``slot`` seconds apart, offset by ``phase`` of a slot,
-    default a random phase per process) that is after ``now`` and not after ``now + wait``;
-    ``now + wait`` itself when there is none (a wait shorter than the gap to the grid).
-
-    :class:`ShardFetcher` passes ``max_idle_wait_s`` as ``slot``: the shards of a process
-    that sit at the tip then poll together, once per ``max_idle_wait_s``, rather than
-    spread evenly over time, each alone with its code cold. Measured on the 2-core machines
-    of ``bench/``, one run each: a ``GetRecords`` cost 0.83 ms of client CPU back to back
-    and 1.46 ms with 12 ms between calls; 85 shards on one event loop polling once a second
-    cost 1.42-1.65 ms per poll spread out and 1.00-1.10 ms on a 1 s grid (``bench.idle``,
-    256 shards, the Ray processes: 1.68-1.78 and 1.30-1.40 ms per request). It is how
-    operating systems batch timers (Linux's timer slack); renewals use a grid too, rounded
-    up (:func:`~kinesis_actors.reader.lease.renewal_slot`). Rounding down, a shard never
-    notices new records later than without it; once on the grid it polls once per slot,
-    as before. Each process has its own phase, so the processes of a machine (whose
-    ``time.monotonic`` is one clock) take turns rather than contend for the cores at once.
-    The polls of one grid point then queue for the process's call limit, so the last of a
-    burst starts later than its due time by the calls ahead of it (about 85 idle shards
-    per reader at the defaults, a few ms each).
-
-    Args:
-        now: monotonic seconds. wait: the idle wait, seconds. slot: the grid's spacing,
-            seconds (``<= 0``: no grid, ``now + wait``). phase: the grid's offset as a
-            fraction of ``slot`` (default this process's).
-
-    Returns the due time, monotonic seconds, in ``(now, now + wait]`` for a positive wait.
-    Raises nothing.
-    """
-    due = now + wait
-    if slot <= 0:
-        return due
-    offset = (_IDLE_PHASE if phase is None else phase) * slot
-    aligned = offset + math.floor((due - offset) / slot + 1e-9) * slot  # 1e-9: a due on the grid stays there
-    return aligned if now < aligned <= due else due
 
 
 def backoff_s(attempt: int, *, rng: Callable[[], float] = random.random) -> float:
@@ -232,10 +190,8 @@ class ShardFetcher(ShardPosition):
       :data:`MIN_CALL_SPACING_S` (5 calls/s, the AWS limit). After a response with
       records the next call may follow at once; at the tip (an empty response with
       ``MillisBehindLatest`` 0) the wait doubles from ``idle_wait_s`` up to
-      ``max_idle_wait_s``, and the first records bring it back to zero. A wait at the tip
-      ends at the latest point of the process's idle grid before it (:func:`idle_due`), so
-      the shards of a process at the tip poll together. An idle shard thus costs
-      ``1 / max_idle_wait_s`` calls per second.
+      ``max_idle_wait_s``, and the first records bring it back to zero. An idle shard
+      thus costs at most ``1 / max_idle_wait_s`` calls per second.
 
     ``GetRecords`` goes through :class:`~kinesis_actors.wire.WireGetRecords` (urllib3 and
     msgspec, botocore signing and errors) when the client is a botocore client it applies
@@ -395,7 +351,7 @@ class ShardFetcher(ShardPosition):
         if at_tip:
             self._idle += 1
             wait = min(self.max_idle_wait_s, self.idle_wait_s * 2 ** min(self._idle - 1, 30))  # 2**1024: OverflowError
-            self._next_call_at = max(self._next_call_at, idle_due(self._clock(), wait, self.max_idle_wait_s))
+            self._next_call_at = max(self._next_call_at, self._clock() + wait)
         else:
             self._idle = 0
         return Fetched(records, None if lag is None else int(lag), shard_end, at_tip, records.nbytes)
