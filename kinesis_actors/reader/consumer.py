@@ -16,9 +16,10 @@ Fault model (every invariant of SPEC.md holds per consumer, whatever else the pr
   delivered are dropped, then one fenced ``hand_over`` write gives the row to the asker.
 * ``LATEST`` is resolved once: a first open records ``AT_TIMESTAMP`` of that moment in
   ``start_position`` and reads from the ``LATEST`` iterator itself.
-* Enhanced fan-out: one event per step, read in the subscription pool and delivered
-  before the next; when the byte budget stays full for :data:`FANOUT_BUDGET_DROP_S`, the
-  subscription is dropped (:meth:`~.fetcher.Fetcher.pause`) and opened again later.
+* Enhanced fan-out: one event per step, read in the subscription pool (the next one
+  while the current one is delivered, as for polling: :mod:`.prefetch`); when the byte
+  budget stays full for :data:`FANOUT_BUDGET_DROP_S`, the subscription is dropped
+  (:meth:`~.fetcher.Fetcher.pause`) and opened again later.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from .fetcher import new_fetcher
 from .io import ByteBudget, ReaderIo, ToThreadIo
 from .lanes import process_in_lanes
 from .lease import CheckpointPacer, LeaseKeeper
+from .prefetch import process_one_lane
 from .reading import FANOUT_BUDGET_DROP_S, Reading
 from .spec import Deliver, ReaderSpec, Rng, Sleep
 from .states import TRANSITIONS, ConsumerState, Stop, StopReason
@@ -305,31 +307,13 @@ class ShardConsumer:
             self._seek[1].set_result(None)
 
     async def _process(self) -> None:
-        """``PROCESSING``: fetch -> deliver -> acknowledge -> checkpoint, until stopped or shard end
-        (with lanes, a window or a byte limit: :func:`~.lanes.process_in_lanes`)."""
+        """``PROCESSING``: fetch -> deliver -> acknowledge -> checkpoint, until stopped or shard end:
+        :func:`~.prefetch.process_one_lane`, or with lanes, a window or a byte limit
+        :func:`~.lanes.process_in_lanes` (both fetch the next response while one is delivered)."""
         if self.delivery.gathers:
             await process_in_lanes(self)
-            return
-        while True:
-            self._alive()
-            if self._stopping():
-                return
-            if self._seek is not None:
-                await self._apply_seek()
-            await self.checkpoints.flush(due_only=True)
-            got = await self.reading.fetch(lambda: self._stopping() or self._seek is not None)
-            if got is None:
-                continue
-            self.stats["millis_behind_latest"] = lag_ms(got)
-            records, size = got.records, self.delivery.controls.batch_limit(self.spec.max_records)
-            for start in range(0, len(records), size):
-                if self._stopping() or self._seek is not None:
-                    break
-                await self._deliver_and_checkpoint(records[start : start + size])
-            self.reading.give_back()  # delivered and acknowledged, or dropped (stop, seek)
-            if got.shard_end and not self._stopping() and self._seek is None:
-                await self._shard_end()
-                return
+        else:
+            await process_one_lane(self)
 
     async def _shard_end(self) -> None:
         self.checkpoints.clear()  # SHARD_END is past every acknowledged record

@@ -21,7 +21,6 @@ does the same before it reopens.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -29,10 +28,10 @@ from typing import TYPE_CHECKING
 from ..delivery import ShardPipeline
 from ..kinesis import Fetched
 from ..records import Record
+from .prefetch import Prefetch
 
 if TYPE_CHECKING:
     from .consumer import ShardConsumer
-    from .reading import Reading
 
 __all__ = ["process_in_lanes"]
 
@@ -70,52 +69,6 @@ def _materialize(got: Fetched) -> None:
     got.records.records()
 
 
-class _BackgroundFetch:
-    """At most one ``GetRecords`` of the shard in flight, as an asyncio task, while rounds go out.
-
-    Args:
-        reading: the consumer's :class:`~.reading.Reading`.
-        interrupted: True once the consumer stops or seeks (the fetch then ends after its pacing).
-        name: the task's name.
-    """
-
-    def __init__(self, reading: Reading, interrupted: Callable[[], bool], name: str) -> None:
-        self._reading = reading
-        self._interrupted = interrupted
-        self._name = name
-        self.task: asyncio.Task[Fetched | None] | None = None
-
-    def start(self) -> None:
-        """Start the next fetch unless one is in flight."""
-        if self.task is None:
-            self.task = asyncio.create_task(self._reading.fetch(self._interrupted, _materialize), name=self._name)
-
-    def take(self) -> Fetched | None:
-        """The fetch's answer once it ended (None while in flight, with none, or nothing to deliver).
-
-        Raises:
-            What the fetch raised (``KinesisError``, ``LeaseLostError``).
-        """
-        task = self.task
-        if task is None or not task.done():
-            return None
-        self.task = None
-        return task.result()
-
-    async def end(self, *, wait_for_call: bool = True) -> None:
-        """Drop the fetch in flight (a stop, a seek, the loop's end). It is cancelled while it
-        is paced, waits for the byte budget (which the caller, waiting here, might never
-        free) or is queued for a thread; a call already running in its thread is waited for
-        (``wait_for_call``: a seek must not race the fetcher) or left to end on its own. Its
-        records are dropped; their bytes go back with the rest (``Reading.give_back``)."""
-        task, self.task = self.task, None
-        if task is None:
-            return
-        if not task.done() and (self._reading.abandon() or not wait_for_call):
-            task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
 async def process_in_lanes(consumer: ShardConsumer) -> None:
     """``PROCESSING`` with lanes, until stopped or shard end (see the module docstring).
 
@@ -142,7 +95,7 @@ async def process_in_lanes(consumer: ShardConsumer) -> None:
     def interrupted() -> bool:
         return consumer._stopping() or consumer._seek is not None
 
-    fetch = _BackgroundFetch(reading, interrupted, f"fetch-{consumer.spec.shard_id}")
+    fetch = Prefetch(reading, interrupted, f"fetch-{consumer.spec.shard_id}", _materialize)
 
     try:
         while True:
