@@ -4,8 +4,10 @@ botocore keeps what it does well: the credential chain and its refresh (the clie
 request signer), SigV4 signing, the endpoint (the client's resolved ``endpoint_url``;
 ``GetRecords`` by ``ShardIterator`` has no operation-specific endpoint), the error
 classes (``client.exceptions``) and, for any error this module does not know, its own
-JSON error parser. urllib3 (botocore's own HTTP library) sends the request, as the
-enhanced fan-out subscription does (:mod:`kinesis_actors.fanout`); the answer is
+JSON error parser. The request goes over a kept-alive connection of an
+:class:`~kinesis_actors.wire_http.WirePool` (why not urllib3 or h11, with figures, is said
+there: per call urllib3 cost six times the socket calls); a request a hook moved to
+another URL goes through urllib3 (botocore's own HTTP library). The answer is
 parsed with :func:`loads` (msgspec) and turned straight into a
 :class:`~kinesis_actors.batch.RecordBatch`: ``Data`` is decoded with pybase64 (SIMD;
 ``binascii.a2b_base64``, botocore's own decoder, where pybase64 is missing or refuses a
@@ -51,6 +53,7 @@ from typing import Any
 
 from .batch import RecordBatch
 from .records import KPL_MAGIC, Record, records_from_response
+from .wire_http import WirePool
 
 __all__ = ["loads", "WireGetRecords", "wire_get_records", "batch_from_json_records", "KNOWN_ERROR_CODES",
            "DISABLE_ENV"]
@@ -171,9 +174,10 @@ class WireGetRecords:
         # botocore: if it goes, this __init__ raises and wire_get_records falls back to
         # client.get_records.
         self._host = _host_from_url(self._url)
-        # The endpoint's connection pool, kept: PoolManager.urlopen parses the URL and looks
-        # the pool up at every call. Other URLs (a hook that rewrote it) go through the manager.
-        self._http: Any = self._pool.connection_from_url(self._url)
+        # The endpoint's connections (see wire_http); other URLs (a hook that rewrote it) go
+        # through urllib3's manager.
+        self._http = WirePool(self._url, connect_timeout_s=config.connect_timeout, read_timeout_s=config.read_timeout,
+                             maxsize=config.max_pool_connections, ca_certs=get_cert_path(True))
         self._path = urllib3.util.parse_url(self._url).request_uri
 
     def call(self, iterator: str, limit: int, *, shard_id: str, stream: str) -> dict[str, Any]:
@@ -215,15 +219,12 @@ class WireGetRecords:
 
         u3 = self._urllib3.exceptions
         url = prepared.url
-        try:
-            http = self._http
-            if url == self._url and http is not None:
-                response = http.urlopen("POST", self._path, body=prepared.body, headers=dict(prepared.headers),
-                                        retries=False, redirect=False, assert_same_host=False, preload_content=True)
-            else:  # after close(), or a before-send hook moved it: urllib3 sets the URL's Host, as botocore's path does
-                headers = {k: v for k, v in prepared.headers.items() if k.lower() != "host"}
-                response = self._pool.urlopen("POST", url, body=prepared.body, headers=headers, retries=False,
-                                              preload_content=True)
+        if url == self._url:
+            return self._http.post(self._path, list(prepared.headers.items()), prepared.body)
+        headers = {k: v for k, v in prepared.headers.items() if k.lower() != "host"}
+        try:  # a before-send hook moved it: urllib3 sets the URL's Host, as botocore's path does
+            response = self._pool.urlopen("POST", url, body=prepared.body, headers=headers, retries=False,
+                                          preload_content=True)
         except (u3.NewConnectionError, socket.gaierror) as e:  # botocore's order (httpsession.py)
             raise bx.EndpointConnectionError(endpoint_url=url, error=e) from e
         except u3.SSLError as e:
@@ -280,8 +281,8 @@ class WireGetRecords:
         return error_class(parsed, "GetRecords")  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        """Close the pooled connections (later calls open new ones)."""
-        self._http = None
+        """Close the idle pooled connections (later calls open new ones)."""
+        self._http.close()
         self._pool.clear()
 
 
