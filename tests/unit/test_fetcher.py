@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from kinesis_actors import kinesis
 from kinesis_actors.backoff import THROTTLE_BACKOFF
 from kinesis_actors.errors import InvalidError, StreamError
-from kinesis_actors.kinesis import MIN_CALL_SPACING_S, ShardFetcher, backoff_s
+from kinesis_actors.kinesis import MIN_CALL_SPACING_S, ShardFetcher, backoff_s, idle_due
 from kinesis_actors.records import StartAt
 from kinesis_actors.testing import FakeClock, FakeShard, kpl_aggregate
 
@@ -37,7 +38,8 @@ def test_each_step_is_one_call_and_calls_are_never_closer_than_the_aws_limit() -
     assert f.get_records_calls == 4
 
 
-def test_at_the_tip_the_wait_doubles_up_to_the_cap_and_records_reset_it() -> None:
+def test_at_the_tip_the_wait_doubles_up_to_the_cap_and_records_reset_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kinesis, "_IDLE_PHASE", 0.75)  # the idle grid (0.1 s): ... 1000.375, 1000.475 ...
     shard, clock = FakeShard(1), FakeClock()
     f = fetcher(shard, clock, idle_wait_s=0.25, max_idle_wait_s=1.0)
     drive(f, clock, 2)  # open, read the one record
@@ -47,12 +49,43 @@ def test_at_the_tip_the_wait_doubles_up_to_the_cap_and_records_reset_it() -> Non
         got = f.step()
         assert got is not None and got.at_tip and not got.records
         waits.append(round(f.due_in(), 3))
-    assert waits == [0.25, 0.5, 1.0, 1.0, 1.0]
+    # at 1000.2: + 0.25 -> 1000.375 on the grid, but the AWS spacing (1000.4) is later;
+    # 1000.4 + 0.5 -> 1000.875; then on the grid, max_idle_wait_s apart
+    assert waits == [0.2, 0.475, 1.0, 1.0, 1.0]
     clock.advance(f.due_in())
     shard.add(2)
     got = f.step()
     assert got is not None and len(got.records) == 2 and not got.at_tip
     assert f.due_in() == pytest.approx(MIN_CALL_SPACING_S), "records: poll again as soon as allowed"
+
+
+@pytest.mark.parametrize("now", [1000.0, 1000.03, 1000.099, 1234.5678])
+@pytest.mark.parametrize("phase", [0.0, 0.37])
+def test_an_idle_poll_is_due_at_the_latest_point_of_the_grid_before_its_wait_ends(now: float, phase: float) -> None:
+    slot = 1.0
+    due = idle_due(now, slot, slot, phase)
+    assert now < due <= now + slot
+    points = (due - phase * slot) / slot
+    assert points == pytest.approx(round(points), abs=1e-6), "on the grid"
+    short = idle_due(now, 0.01, slot, phase)
+    assert now < short <= now + 0.01, "never later than the wait, never at or before now"
+
+
+def test_idle_shards_that_reached_the_tip_at_different_moments_poll_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kinesis, "_IDLE_PHASE", 0.0)  # the grid (0.1 s): ... 1001.0, 1001.1 ...
+    clock = FakeClock(1000.0)
+    fetchers = [fetcher(FakeShard(0), clock, idle_wait_s=1.0, max_idle_wait_s=1.0) for _ in range(3)]
+    dues = []
+    for f in fetchers:  # each shard reaches the tip 0.03 s after the one before, within one slot
+        f.step()
+        clock.advance(0.03)
+        assert f.step() is not None
+        dues.append(round(clock() + f.due_in(), 6))
+    assert dues == [1001.0] * 3  # 1001.03, 1001.06 and 1001.09 rounded down to the grid
+    for f in fetchers:  # once on the grid, once per max_idle_wait_s
+        clock.advance(f.due_in())
+        f.step()
+        assert f.due_in() == pytest.approx(1.0)
 
 
 def test_a_shard_idle_for_hours_keeps_polling_once_per_max_idle_wait() -> None:
@@ -63,6 +96,7 @@ def test_a_shard_idle_for_hours_keeps_polling_once_per_max_idle_wait() -> None:
         clock.advance(f.due_in())
         assert f.step() is not None
     assert 0 < f.due_in() <= 1.0
+    assert idle_due(5.0, 0.5, 0.0) == 5.5, "no grid when the cap is 0"
 
 
 def test_an_expired_iterator_reopens_after_the_last_record_returned() -> None:
