@@ -245,7 +245,7 @@ class ShardFetcher(ShardPosition):
       a few groups a second. An idle shard thus costs
       ``1 / max_idle_wait_s`` calls per second.
 
-    ``GetRecords`` goes through :class:`~kinesis_actors.wire.WireGetRecords` (urllib3 and
+    ``GetRecords`` goes through :class:`~kinesis_actors.wire.WireGetRecords` (WirePool and
     msgspec, botocore signing and errors) when the client is a botocore client it applies
     to (:func:`~kinesis_actors.wire.wire_get_records`), else through
     ``client.get_records``; both give the same records and the same errors.
