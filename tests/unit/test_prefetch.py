@@ -47,6 +47,17 @@ def seqs(batches: list[list[Any]]) -> list[int]:
     return [int(r.sequence_number) for b in batches for r in b]
 
 
+async def fetched_ahead(reader: ShardConsumer, shard: FakeShard, sink: GatedSink,
+                        clock: FakeClock) -> asyncio.Task[ConsumerState]:
+    """Open and run ``reader`` until its first batch is with the sink and the next
+    response is fetched; the running task."""
+    await clock.finish(reader.open(), within_s=5.0)
+    task = asyncio.create_task(reader.run())
+    await clock.until(lambda: sink.started and len(shard.calls) >= 2, within_s=5.0,
+                      what="a batch with the sink, the next response fetched")
+    return task
+
+
 def test_the_next_get_records_runs_while_the_batch_is_with_the_sink() -> None:
     shard, sink, clock = FakeShard(300, max_per_call=100), GatedSink(), FakeClock()
     budget = ByteBudget(10 << 20, sleep=clock.sleep)
@@ -79,10 +90,7 @@ def test_a_stop_drops_the_response_fetched_ahead_undelivered_and_unchecked() -> 
     reader, store = make(shard, sink, clock, budget)
 
     async def main() -> None:
-        await clock.finish(reader.open(), within_s=5.0)
-        task = asyncio.create_task(reader.run())
-        await clock.until(lambda: sink.started and len(shard.calls) >= 2, within_s=5.0,
-                          what="a batch with the sink, the next response fetched")
+        task = await fetched_ahead(reader, shard, sink, clock)
         stop = asyncio.create_task(reader.stop(grace_s=10.0))
         await clock.until(lambda: reader.stop_request is not None, within_s=1.0, what="the stop asked")
         sink.gate.set()
@@ -102,10 +110,7 @@ def test_a_seek_drops_the_response_fetched_ahead_and_reads_from_the_new_position
     reader, store = make(shard, sink, clock, budget)
 
     async def main() -> None:
-        await clock.finish(reader.open(), within_s=5.0)
-        task = asyncio.create_task(reader.run())
-        await clock.until(lambda: sink.started and len(shard.calls) >= 2, within_s=5.0,
-                          what="a batch with the sink, the next response fetched")
+        task = await fetched_ahead(reader, shard, sink, clock)
         seek = asyncio.create_task(reader.seek(StartAt.at_sequence_number("250")))
         await clock.until(lambda: reader._seek is not None, within_s=1.0, what="the seek asked")
         sink.gate.set()
