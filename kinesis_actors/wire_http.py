@@ -42,6 +42,8 @@ __all__ = ["WirePool"]
 
 _RECV = 256 * 1024
 _MAX_HEAD = 64 * 1024
+_DIGITS = "0123456789"
+_HEX = b"0123456789abcdefABCDEF"
 
 
 class _Conn:
@@ -107,10 +109,9 @@ class _Conn:
         parts: list[bytes] = []
         while True:
             size_text = self.line().split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise _Closed(f"a bad chunk size {size_text[:20]!r}") from None
+            if not size_text or size_text.strip(_HEX):  # int() would also take "+5", "0x5", "5_0"
+                raise _Closed(f"a bad chunk size {size_text[:20]!r}")
+            size = int(size_text, 16)
             if size == 0:
                 while self.line():  # trailers, then the blank line
                     pass
@@ -211,7 +212,7 @@ class WirePool:
             lines = conn.head().decode("latin-1").split("\r\n")
             version, _, rest = lines[0].partition(" ")
             code = rest[:3]
-            if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
+            if not version.startswith("HTTP/1.") or len(code) != 3 or code.strip(_DIGITS):
                 raise _Closed(f"a bad status line {lines[0][:40]!r}")
             status = int(code)
             if status >= 200 or status == 101:
@@ -229,7 +230,7 @@ class WirePool:
             return status, headers, conn.chunked(), reusable
         length = headers.get("content-length")
         if length is not None:
-            if not length.isdigit():
+            if not length or length.strip(_DIGITS):  # str.isdigit() also takes "²"
                 raise _Closed(f"a bad Content-Length {length[:20]!r}")
             return status, headers, conn.exactly(int(length)), reusable
         if status in (204, 304):
