@@ -60,6 +60,10 @@ class _Conn:
         if self.buf:
             return True
         try:
+            if hasattr(select, "poll"):  # select.select refuses descriptors >= 1024 (FD_SETSIZE)
+                poller = select.poll()
+                poller.register(self.sock, select.POLLIN)
+                return bool(poller.poll(0))
             return bool(select.select([self.sock], [], [], 0)[0])
         except (OSError, ValueError):
             return True
@@ -212,7 +216,7 @@ class WirePool:
             lines = conn.head().decode("latin-1").split("\r\n")
             version, _, rest = lines[0].partition(" ")
             code = rest[:3]
-            if not version.startswith("HTTP/1.") or len(code) != 3 or code.strip(_DIGITS):
+            if not version.startswith("HTTP/1.") or len(code) != 3 or code.strip(_DIGITS) or rest[3:4] not in ("", " "):
                 raise _Closed(f"a bad status line {lines[0][:40]!r}")
             status = int(code)
             if status >= 200 or status == 101:
@@ -226,11 +230,13 @@ class WirePool:
             value = value.strip()
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
         reusable = version == "HTTP/1.1" and "close" not in headers.get("connection", "").lower()
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            return status, headers, conn.chunked(), reusable
         length = headers.get("content-length")
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            # with a Content-Length too the framing is ambiguous (RFC 9112, 6.1): not reused
+            return status, headers, conn.chunked(), reusable and length is None
         if length is not None:
-            if not length or length.strip(_DIGITS):  # str.isdigit() also takes "²"
+            # str.isdigit() also takes "²"; int() refuses over 4,300 digits (ValueError)
+            if not length or length.strip(_DIGITS) or len(length) > 18:
                 raise _Closed(f"a bad Content-Length {length[:20]!r}")
             return status, headers, conn.exactly(int(length)), reusable
         if status in (204, 304):

@@ -4,6 +4,7 @@ read-to-close bodies, 100 Continue, and botocore's exception for each failure.""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import threading
@@ -152,6 +153,8 @@ def test_an_error_status_is_returned_with_its_headers(serve: Any) -> None:
     b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",  # a bad header line
     b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n",  # "superscript two": str.isdigit() is True
+    b"HTTP/1.1 200 OK\r\nContent-Length: " + b"0" * 4300 + b"2\r\n\r\n{}",  # int(): ValueError over 4,300 digits
+    b"HTTP/1.1 2000 OK\r\nContent-Length: 0\r\n\r\n",
     b"HTTP/1.1 \xb2\xb2\xb2 OK\r\nContent-Length: 0\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nabcde\r\n0\r\n\r\n",  # int() takes a sign
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nabcde\r\n0\r\n\r\n",
@@ -165,6 +168,33 @@ def test_a_broken_answer_raises_connection_closed_and_drops_the_connection(serve
     with pytest.raises(bx.ConnectionClosedError):
         post(pool)
     assert post(pool)[2] == b"fine" and server.connections == 2
+
+
+def test_a_chunked_answer_with_a_content_length_too_is_read_but_not_reused(serve: Any) -> None:
+    raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    server, pool = serve(reply(raw), reply(ok(b"next")))
+    assert post(pool)[2] == b"abc"
+    assert post(pool)[2] == b"next" and server.connections == 2
+
+
+def test_keep_alive_holds_for_socket_descriptors_over_1023(serve: Any) -> None:
+    """select.select refuses descriptors >= 1024: a busy process must still reuse connections."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("the descriptor limit is under 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    try:
+        with contextlib.ExitStack() as pad:
+            for _ in range(1030):  # the next sockets get descriptors >= 1024
+                pad.enter_context(open("/dev/null"))
+            server, pool = serve(reply(ok(b"a")), reply(ok(b"b")), reply(ok(b"c")))
+            assert [post(pool)[2] for _ in range(3)] == [b"a", b"b", b"c"]
+            assert server.connections == 1
+            pool.close()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_head_over_64_kib_is_refused(serve: Any) -> None:
