@@ -266,7 +266,7 @@ class WirePool:
             sock = socket.create_connection((self._host, self._port), timeout=self._connect_timeout)
         except TimeoutError as e:
             raise bx.ConnectTimeoutError(endpoint_url=self.url, error=e) from e
-        except OSError as e:
+        except (OSError, UnicodeError) as e:  # UnicodeError: a host name IDNA refuses
             raise bx.EndpointConnectionError(endpoint_url=self.url, error=e) from e
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -274,3 +274,10 @@ def test_tls_checks_the_certificate_against_the_ca_bundle(tmp_path: Any) -> None
             post(untrusted)
     finally:
         server.close()
+
+
+def test_a_host_name_idna_refuses_raises_endpoint_connection_error() -> None:
+    pool = WirePool(f"http://{'a' * 64}.example:80/", connect_timeout_s=1.0, read_timeout_s=1.0, maxsize=1,
+                    ca_certs=None)
+    with pytest.raises(bx.EndpointConnectionError):
+        post(pool)
