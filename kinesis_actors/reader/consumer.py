@@ -198,6 +198,10 @@ class ShardConsumer:
     def _stopping(self) -> bool:
         return self._stop is not None
 
+    def _interrupted(self) -> bool:
+        """True once the read loop must leave its step: a stop, or a seek to apply."""
+        return self._stop is not None or self._seek is not None
+
     # ---------------------------------------------------------------- INITIALIZING
     async def open(self) -> None:
         """``INITIALIZING``: record ``start_position`` on a first open, then fetch the first
@@ -449,6 +453,10 @@ class ShardConsumer:
         await wait_first({applied, task}, max(5.0, self.spec.lease_duration_s), self._sleep)
 
     async def _apply_seek(self) -> None:
+        """Apply the asked seek: records fetched and not acknowledged are dropped (their
+        budget bytes given back; the caller has ended any fetch in flight), the start
+        position is rewritten (fenced), the checkpoint cleared, the fetcher reopened there."""
+        self.reading.give_back()
         fetcher = self.reading.fetcher
         assert self._seek is not None and fetcher is not None
         (position, applied), self._seek = self._seek, None

@@ -54,12 +54,6 @@ async def _drained(consumer: ShardConsumer, lanes: ShardPipeline, interrupted: C
     return lanes.idle and not interrupted()
 
 
-async def _reopen(consumer: ShardConsumer) -> None:
-    """A seek: the gathered records are dropped, their bytes given back, then it applies."""
-    consumer.reading.give_back()
-    await consumer._apply_seek()
-
-
 def _materialize(got: Fetched) -> None:
     """Build the response's :class:`~kinesis_actors.records.Record` objects (the batch keeps
     them): the lanes split records by partition key and track each one's position, and
@@ -87,14 +81,12 @@ async def process_in_lanes(consumer: ShardConsumer) -> None:
         await consumer._checkpoint_after(last)
         position = last.position
         while responses and responses[0][0] <= position:
-            reading.give_back(min(responses.popleft()[1], reading.held_bytes))
+            reading.give_back(responses.popleft()[1])
 
     lanes = consumer.delivery.pipeline(checkpoint, consumer._count_acked)
     step_s = max(0.05, consumer.spec.renew_interval_s / 2)
 
-    def interrupted() -> bool:
-        return consumer._stopping() or consumer._seek is not None
-
+    interrupted = consumer._interrupted
     fetch = Prefetch(reading, interrupted, f"fetch-{consumer.spec.shard_id}", _materialize)
 
     try:
@@ -109,7 +101,7 @@ async def process_in_lanes(consumer: ShardConsumer) -> None:
                 await _settle(consumer, lanes, step_s)
                 await lanes.cancel()
                 responses.clear()
-                await _reopen(consumer)
+                await consumer._apply_seek()  # drops what is gathered, gives its bytes back
             await consumer.checkpoints.flush(due_only=True)
             lanes.dispatch()
             if lanes.can_fetch():

@@ -109,11 +109,7 @@ async def process_one_lane(consumer: ShardConsumer) -> None:
     """
     from .consumer import lag_ms  # the consumer's module imports this one
 
-    reading = consumer.reading
-
-    def interrupted() -> bool:
-        return consumer._stopping() or consumer._seek is not None
-
+    reading, interrupted = consumer.reading, consumer._interrupted
     fetch = Prefetch(reading, interrupted, f"fetch-{consumer.spec.shard_id}")
     size = consumer.delivery.controls.batch_limit(consumer.spec.max_records)
     try:
@@ -123,8 +119,7 @@ async def process_one_lane(consumer: ShardConsumer) -> None:
                 return
             if consumer._seek is not None:
                 await fetch.end()
-                reading.give_back()  # the response fetched ahead is dropped
-                await consumer._apply_seek()
+                await consumer._apply_seek()  # drops the response fetched ahead too
             await consumer.checkpoints.flush(due_only=True)
             got = await fetch.next()
             if got is None:
@@ -137,7 +132,7 @@ async def process_one_lane(consumer: ShardConsumer) -> None:
                 if interrupted():
                     break
                 await consumer._deliver_and_checkpoint(records[start : start + size])
-            reading.give_back(min(got.bytes, reading.held_bytes))  # acknowledged, or dropped (stop, seek)
+            reading.give_back(got.bytes)  # acknowledged, or dropped (stop, seek)
             if got.shard_end and not interrupted():
                 await consumer._shard_end()
                 return

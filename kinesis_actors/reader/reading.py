@@ -166,8 +166,10 @@ class Reading:
         return True
 
     def give_back(self, nbytes: int | None = None) -> None:
-        """``nbytes`` (default: all held) of fetched records were acknowledged or dropped."""
-        nbytes = self.held_bytes if nbytes is None else nbytes
+        """``nbytes`` (default: all held) of fetched records were acknowledged or dropped;
+        at most what is held is given back (a response fetched without a budget, or before
+        a seek that gave everything back, holds none)."""
+        nbytes = self.held_bytes if nbytes is None else min(nbytes, self.held_bytes)
         if nbytes and self._budget is not None:
             self._budget.release(nbytes)
         self.held_bytes -= nbytes
