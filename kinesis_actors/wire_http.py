@@ -30,13 +30,14 @@ leaves a client with a proxy to botocore's own path.
 from __future__ import annotations
 
 import collections
-import select
 import socket
 import ssl
 import threading
 import weakref
 from collections.abc import Iterable
 from urllib.parse import urlsplit
+
+from urllib3.util.wait import wait_for_read
 
 __all__ = ["WirePool"]
 
@@ -59,12 +60,8 @@ class _Conn:
         """True if the server closed the idle connection (or sent anything unasked)."""
         if self.buf:
             return True
-        try:
-            if hasattr(select, "poll"):  # select.select refuses descriptors >= 1024 (FD_SETSIZE)
-                poller = select.poll()
-                poller.register(self.sock, select.POLLIN)
-                return bool(poller.poll(0))
-            return bool(select.select([self.sock], [], [], 0)[0])
+        try:  # urllib3's own check before reuse: poll where there is one (select refuses fds >= 1024)
+            return wait_for_read(self.sock, timeout=0)
         except (OSError, ValueError):
             return True
 
