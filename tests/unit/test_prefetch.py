@@ -31,7 +31,10 @@ class GatedSink:
         self.done.append(list(records))
 
 
-def make(shard: FakeShard, sink: GatedSink, clock: FakeClock, budget: ByteBudget) -> tuple[ShardConsumer, InProcessLeaseStore]:
+def make(shard: FakeShard, sink: GatedSink) -> tuple[ShardConsumer, InProcessLeaseStore, FakeClock, ByteBudget]:
+    """A consumer of ``shard`` into ``sink`` on a fake clock, with a 10 MiB byte budget."""
+    clock = FakeClock()
+    budget = ByteBudget(10 << 20, sleep=clock.sleep)
     store = InProcessLeaseStore()
     lease = store.take(STREAM, SHARD, owner="me", duration_s=2.0)
     assert lease is not None
@@ -40,7 +43,7 @@ def make(shard: FakeShard, sink: GatedSink, clock: FakeClock, budget: ByteBudget
                       lease_duration_s=2.0, renew_interval_s=0.2, max_records=100, idle_wait_s=0.01)
     reader = ShardConsumer(spec, lease, store, sink, shard, clock=clock, sleep=clock.sleep, io=InlineIo(clock),
                            budget=budget)  # type: ignore[arg-type]
-    return reader, store
+    return reader, store, clock, budget
 
 
 def seqs(batches: list[list[Any]]) -> list[int]:
@@ -59,9 +62,8 @@ async def fetched_ahead(reader: ShardConsumer, shard: FakeShard, sink: GatedSink
 
 
 def test_the_next_get_records_runs_while_the_batch_is_with_the_sink() -> None:
-    shard, sink, clock = FakeShard(300, max_per_call=100), GatedSink(), FakeClock()
-    budget = ByteBudget(10 << 20, sleep=clock.sleep)
-    reader, store = make(shard, sink, clock, budget)
+    shard, sink = FakeShard(300, max_per_call=100), GatedSink()
+    reader, store, clock, budget = make(shard, sink)
 
     async def main() -> None:
         await clock.finish(reader.open(), within_s=5.0)
@@ -85,9 +87,8 @@ def test_the_next_get_records_runs_while_the_batch_is_with_the_sink() -> None:
 
 
 def test_a_stop_drops_the_response_fetched_ahead_undelivered_and_unchecked() -> None:
-    shard, sink, clock = FakeShard(300, max_per_call=100), GatedSink(), FakeClock()
-    budget = ByteBudget(10 << 20, sleep=clock.sleep)
-    reader, store = make(shard, sink, clock, budget)
+    shard, sink = FakeShard(300, max_per_call=100), GatedSink()
+    reader, store, clock, budget = make(shard, sink)
 
     async def main() -> None:
         task = await fetched_ahead(reader, shard, sink, clock)
@@ -105,9 +106,8 @@ def test_a_stop_drops_the_response_fetched_ahead_undelivered_and_unchecked() -> 
 
 
 def test_a_seek_drops_the_response_fetched_ahead_and_reads_from_the_new_position() -> None:
-    shard, sink, clock = FakeShard(300, max_per_call=100), GatedSink(), FakeClock()
-    budget = ByteBudget(10 << 20, sleep=clock.sleep)
-    reader, store = make(shard, sink, clock, budget)
+    shard, sink = FakeShard(300, max_per_call=100), GatedSink()
+    reader, store, clock, budget = make(shard, sink)
 
     async def main() -> None:
         task = await fetched_ahead(reader, shard, sink, clock)
@@ -126,9 +126,8 @@ def test_a_seek_drops_the_response_fetched_ahead_and_reads_from_the_new_position
 
 
 def test_nothing_is_fetched_ahead_of_shard_end_and_shard_end_follows_every_acknowledgement() -> None:
-    shard, sink, clock = FakeShard(150, closed=True, max_per_call=100), GatedSink(let_through=1), FakeClock()
-    budget = ByteBudget(10 << 20, sleep=clock.sleep)
-    reader, store = make(shard, sink, clock, budget)
+    shard, sink = FakeShard(150, closed=True, max_per_call=100), GatedSink(let_through=1)
+    reader, store, clock, _ = make(shard, sink)
 
     async def main() -> None:
         await clock.finish(reader.open(), within_s=5.0)
@@ -147,9 +146,8 @@ def test_nothing_is_fetched_ahead_of_shard_end_and_shard_end_follows_every_ackno
 
 
 def test_an_idle_shard_polls_inline_without_a_task_per_poll() -> None:
-    shard, sink, clock = FakeShard(0), GatedSink(), FakeClock()
-    budget = ByteBudget(10 << 20, sleep=clock.sleep)
-    reader, _ = make(shard, sink, clock, budget)
+    shard, sink = FakeShard(0), GatedSink()
+    reader, _, clock, _ = make(shard, sink)
     names: set[str] = set()
 
     async def main() -> None:
