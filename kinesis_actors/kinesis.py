@@ -35,8 +35,7 @@ from .wire import wire_get_records
 
 __all__ = ["ShardInfo", "describe_stream", "ensure_stream", "list_shards", "call_with_retry", "ShardFetcher",
            "Fetched", "MIN_CALL_SPACING_S", "idle_due", "IDLE_GRID_S", "GET_RECORDS_MAX_BYTES", "record_bytes",
-           "backoff_s",
-           "CONTROL_PLANE_BACKOFF"]
+           "backoff_s", "CONTROL_PLANE_BACKOFF"]
 
 log = logging.getLogger(__name__)
 
@@ -74,20 +73,18 @@ def idle_due(now: float, wait: float, slot: float, phase: float | None = None) -
     :class:`ShardFetcher` passes :data:`IDLE_GRID_S` (0.1 s) as ``slot``: the shards of a
     process that sit at the tip then poll in a few groups a second (10 at the defaults,
     each about a tenth of them), each group woken by one timer, rather than each alone with
-    its code cold. Measured on the 2-core machines of ``bench/``, one run each: a
-    ``GetRecords`` cost 0.83 ms of client CPU back to back and 1.46 ms with 12 ms between
-    calls; a grid of one point per ``max_idle_wait_s`` (1 s) cut ``bench.idle``'s figure
-    (256 shards, the Ray processes) from 1.68-1.78 to 1.30-1.40 ms per request. That grid
-    was too coarse: on a one-request-at-a-time emulator a reader's 128 idle shards polled
-    at one instant and its lease renewals queued behind them (a renewal gap of 4.81 s,
-    against 4.75 in ``tests/integration/test_scale.py``); a tenth of a second bounds a
-    group to about a tenth of the idle shards. It is how operating systems batch timers
-    (Linux's timer slack); renewals use a grid too, rounded up
-    (:func:`~kinesis_actors.reader.lease.renewal_slot`). Rounding down, a shard never
-    notices new records later than without it; once on the grid it polls once per
-    ``max_idle_wait_s`` (a whole number of slots), as before. Each process has its own
-    phase, so the processes of a machine (whose ``time.monotonic`` is one clock) take
-    turns rather than contend for the cores at once.
+    its code cold, as operating systems batch timers (Linux's timer slack); renewals use a
+    grid too, rounded up (:func:`~kinesis_actors.reader.lease.renewal_slot`). Measured on
+    the 2-core machines of ``bench/`` (``python -m bench.idle --shards 256``, the Ray
+    processes' CPU per idle request): 1.30-1.35 ms without a grid, 1.14-1.33 ms with this
+    one. A group is kept to a tenth of the idle shards because its polls go out together:
+    on a service that answers one request at a time, a process's lease renewals wait
+    behind the group (one point per ``max_idle_wait_s``, all of a reader's 128 idle shards
+    at once, stretched a renewal gap in ``tests/integration/test_scale.py`` past its
+    bound). Rounding down, a shard never notices new records later than without it; once
+    on the grid it polls once per ``max_idle_wait_s`` (a whole number of slots). Each
+    process has its own phase, so the processes of a machine (whose ``time.monotonic`` is
+    one clock) take turns rather than contend for the cores at once.
 
     Args:
         now: monotonic seconds. wait: the idle wait, seconds. slot: the grid's spacing,
