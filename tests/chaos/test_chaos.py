@@ -387,7 +387,14 @@ def test_3b_sigkill_the_coordinator_during_its_first_pass(chaos_cluster: Any, em
                lease_duration_s=run.lease_s)
         assert len(pids) == 1 and in_first_pass, f"no Coordinator in its first pass was killed ({pids}, {in_first_pass})"
         assert run.sub.coordinator_restarts >= 1, "subscribe() returned without replacing the killed Coordinator"
-        assert_ok(verdict)
+        if readers_at_kill:
+            # Readers the killed Coordinator had started die with it, but not at once: one may
+            # still run its loop while the replacement re-takes its lease, the overlap that
+            # overlap_hits describes (two acknowledged calls, their duplicates within one batch).
+            assert all(verdict.duplicate_batches(s) <= 1.0 for s in verdict.duplicates_by_shard), verdict.figures
+            assert_ok(verdict, {s: 2 for s in verdict.batches_redelivered_by_shard})
+        else:
+            assert_ok(verdict)
     finally:
         if opener.is_alive():
             opener.join(timeout=120)
