@@ -85,6 +85,7 @@ from .common import (
     uss_mib,
     wait_for,
 )
+from .cputrace import CpuTrace, window_cores
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KCLRS_PACKAGE = "kcl-rs==0.1.4"
@@ -264,12 +265,13 @@ def _kcl_drain(ctx: Any, cw: str, stream: str, expect: int, mode: str) -> dict[s
     if mode == "seeded":
         seed_kcl_leases(ctx.endpoint, stream, app)
     limit = 300.0
-    w = _kcl_worker(ctx, cw, "drain", stream, app, SETTINGS[mode], expect=expect, exit_after_reached=0.2, events=True,
-                    timeout_s=limit)
-    try:
-        done = w.wait("done", timeout_s=limit + 30)
-    finally:
-        w.kill()
+    with CpuTrace(ctx.emulator_pid) as emu_trace:
+        w = _kcl_worker(ctx, cw, "drain", stream, app, SETTINGS[mode], expect=expect, exit_after_reached=0.2,
+                        events=True, timeout_s=limit)
+        try:
+            done = w.wait("done", timeout_s=limit + 30)
+        finally:
+            w.kill()
     start, first = w.last("start"), w.last("first_record")
     if not done or not start or not first or done["count"] < expect:
         raise RuntimeError(f"kcl-rs ({mode}) read {done and done['count']} of {expect} records: {w.stderr_tail()}")
@@ -278,7 +280,19 @@ def _kcl_drain(ctx: Any, cw: str, stream: str, expect: int, mode: str) -> dict[s
     cpu = done["cpu_last"] - done["cpu_start"]
     return {"mode": mode, "first_s": first["ts"] - start["ts"], "all_s": done["t_last"] - start["ts"], "steady": steady,
             "cpu_s": cpu, "cpu_per_mb": cpu / (done["bytes"] / MB), "records": done["count"], "batches": done["batches"],
-            "deliveries": done["deliveries"]}
+            "deliveries": done["deliveries"], "emulator_window_cores": window_cores(emu_trace, events)}
+
+
+def _window_figures(res: Results, products: list[dict[str, Any]], kcl: dict[str, dict[str, Any]]) -> None:
+    """``emulator_cores_in_window_*``: how busy the emulator was between a reader's first and
+    last delivery (bench/cputrace.py). Near 1.0 the emulator, not the reader, set the window's length."""
+    note = ("mean cores the emulator process used between the first and the last delivery (the steady-rate window); "
+            "one Python process, so about 1.0 when it was the bottleneck")
+    res.add(S, "emulator_cores_in_window_ours", median(r.get("emulator_window_cores") for r in products), "cores",
+            note=f"{note}; median of {len(products)}: "
+                 + ", ".join(f"{r['emulator_window_cores']:.2f}" for r in products if r.get("emulator_window_cores")))
+    for mode, r in kcl.items():
+        res.add(S, f"emulator_cores_in_window_kclrs_{mode}", r.get("emulator_window_cores"), "cores", note=note)
 
 
 def _async_kinesis_first(ctx: Any, stream: str) -> float:
@@ -380,6 +394,7 @@ def _start_and_throughput(ctx: Any, res: Results, cw: str | None) -> None:
             anchor_value=fr, goal=">= 0.95x kcl-rs", check=lambda v: fr is not None and v >= 0.95 * fr,
             note="emulator CPU s/MB while ours read: "
                  + ", ".join(f"{r['emulator_cpu_s'] / (r['bytes'] / MB):.4f}" for r in runs["product"] if r.get("bytes")))
+    _window_figures(res, runs["product"], kcl)
     seeded = kcl.get("seeded")
     sv = seeded["first_s"] if seeded else None
     res.add(S, "ours_start_to_first_record_vs_seeded_s", ours_first, "s", anchor="kclrs_seeded_start_to_first_record_s",

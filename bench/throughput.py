@@ -47,6 +47,7 @@ from .common import (
     steady_rate,
     wait_for,
 )
+from .cputrace import CpuTrace, window_cores
 
 MB = 1e6
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -158,7 +159,7 @@ def product(ctx: Any, stream: str, expect: int, sample_uss: bool, max_records: i
     before = cpu_snapshot([me, *ray_tree(exclude)])
     emu0 = sum(emu.cpu_times()[:2])
     t0 = time.time()
-    with sampler:
+    with sampler, CpuTrace(ctx.emulator_pid) as emu_trace:
         sub = conn.subscribe(KinesisStream(stream, start_at=StartAt.trim_horizon(), max_records=max_records), sink=sink)
         t_sub = time.time()
         mid = cpu_snapshot([me, *ray_tree(exclude)])
@@ -177,14 +178,16 @@ def product(ctx: Any, stream: str, expect: int, sample_uss: bool, max_records: i
     if not got:
         raise RuntimeError(f"product delivered {summary['n']} of {expect} records in {ctx.timeout_s} s")
     per_title = cpu_delta(before, after)
-    total = sum(per_title.values()) - sampler.cpu_s
+    own = sampler.cpu_s + emu_trace.cpu_s  # the bench's own sampling threads in this process
+    total = sum(per_title.values()) - own
     span = max(1e-9, time.time() - t0)
-    after_start = sum(cpu_delta(mid, after).values()) - sampler.cpu_s * (time.time() - t_sub) / span
+    after_start = sum(cpu_delta(mid, after).values()) - own * (time.time() - t_sub) / span
+    events = [tuple(e) for e in summary["log"]]
     calls = [s.get("get_records_calls", 0) for s in stats.get("shards", {}).values()]
     readers, _ = pool_pids(stats)
     peak = {pid: uss for pid, uss in sampler.peak.items() if pid in readers} if readers else dict(sampler.peak)
     return {"readers": readers, "records": summary["n"], "bytes": summary["bytes"], "t0": t0, "t_sub": t_sub,
-            "events": [tuple(e) for e in summary["log"]], "cpu_s": total, "cpu_by_process": per_title,
+            "events": events, "cpu_s": total, "emulator_window_cores": window_cores(emu_trace, events), "cpu_by_process": per_title,
             "cpu_after_start_s": after_start, "bytes_after_start": summary["bytes"] - mid_bytes,
             "cpu_after_start_by_process": cpu_delta(mid, after),
             "emulator_cpu_s": emu_cpu, "uss_peak": peak, "get_records_calls": sum(calls)}
