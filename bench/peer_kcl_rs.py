@@ -66,6 +66,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from . import long_drain
 from .common import (
     CREDENTIALS,
     REGION,
@@ -280,7 +281,7 @@ def _kcl_drain(ctx: Any, cw: str, stream: str, expect: int, mode: str) -> dict[s
     cpu = done["cpu_last"] - done["cpu_start"]
     return {"mode": mode, "first_s": first["ts"] - start["ts"], "all_s": done["t_last"] - start["ts"], "steady": steady,
             "cpu_s": cpu, "cpu_per_mb": cpu / (done["bytes"] / MB), "records": done["count"], "batches": done["batches"],
-            "deliveries": done["deliveries"], "emulator_window_cores": window_cores(emu_trace, events)}
+            "deliveries": done["deliveries"], "emulator_window_cores": window_cores(emu_trace, events), "events": events}
 
 
 def _window_figures(res: Results, products: list[dict[str, Any]], kcl: dict[str, dict[str, Any]]) -> None:
@@ -745,6 +746,8 @@ def run(ctx: Any, res: Results) -> None:
     with _CloudWatchSink() as cw_sink:
         cw = cw_sink.endpoint if ctx.kclrs_python else None
         _start_and_throughput(ctx, res, cw)
+        if ctx.params.get("tp_long_records_per_shard"):
+            long_drain.run(ctx, res, cw, _kcl_drain)
         _memory(ctx, res, cw)
         if ctx.params["kclrs_two_workers"]:
             _two_worker_figures(ctx, res, cw)

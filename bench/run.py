@@ -26,6 +26,7 @@ PEER_PACKAGE = "async-kinesis==3.0.1"
 
 DEFAULT = {
     "tp_records_per_shard": 20_000, "tp_record_bytes": 1024, "tp_reps": 3,
+    "tp_long_records_per_shard": 100_000, "tp_long_reps": 2,
     "lat_rate": 50, "lat_seconds": 30.0,
     "rest_seconds": 5.0, "scale_rows": 1000, "scale_passes": 5,
     "reader_kills": 5,
@@ -42,6 +43,7 @@ DEFAULT = {
 }
 QUICK = {
     "tp_records_per_shard": 500, "tp_record_bytes": 1024, "tp_reps": 1,
+    "tp_long_records_per_shard": 2_000, "tp_long_reps": 1,
     "lat_rate": 50, "lat_seconds": 4.0,
     "rest_seconds": 2.0, "scale_rows": 40, "scale_passes": 2,
     "reader_kills": 2,

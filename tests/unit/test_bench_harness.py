@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 
 from bench.common import Results, percentile, pool_pids, steady_rate
+from bench.cputrace import CpuTrace, window_cores
 from bench.demo import parse
+from bench.long_drain import middle_half
 from bench.report import markdown
 
 
@@ -16,6 +19,18 @@ def test_percentile_and_steady_rate() -> None:
     # 100 records in 4 deliveries over 2 s: the first delivery's records are not counted
     assert steady_rate([(10.0, 25), (11.0, 25), (11.5, 25), (12.0, 25)]) == 37.5
     assert steady_rate([(1.0, 5)]) is None
+
+
+def test_middle_half_rate_and_the_emulator_cores_inside_it() -> None:
+    # 8 deliveries of 10: the count passes 20 (25 %) at t=1 and 60 (75 %) at t=5 -> 40 records in 4 s
+    events = [(float(t), 10) for t in range(8)][::-1]
+    assert middle_half(events) == (10.0, 1.0, 5.0)
+    assert middle_half([(1.0, 10)]) is None  # one delivery: no span
+    trace = CpuTrace(os.getpid())  # not started: samples set by hand
+    trace.samples = [(0.0, 0.0), (1.0, 0.5), (3.0, 2.5)]  # half a core, then a whole one
+    assert trace.cpu_at(2.0) == 1.5 and trace.cpu_at(3.5) is None
+    assert trace.cores(0.0, 1.0) == 0.5 and trace.cores(1.0, 3.0) == 1.0 and trace.cores(2.0, 1.0) is None
+    assert window_cores(trace, [(1.0, 5), (3.0, 5)]) == 1.0 and window_cores(trace, [(1.0, 5)]) is None
 
 
 def test_results_json_has_value_anchor_ratio(tmp_path) -> None:
