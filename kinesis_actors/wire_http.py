@@ -48,17 +48,22 @@ _HEX = b"0123456789abcdefABCDEF"
 
 
 class _Conn:
-    """One socket, one request at a time, and the bytes read past the last answer."""
+    """One socket, one request at a time, and the bytes read past the last answer.
 
-    __slots__ = ("buf", "sock")
+    ``buf[pos:]`` is what was read and not yet consumed: taking bytes moves ``pos`` instead of
+    copying the rest of the buffer, so a chunked body of many small chunks read in 256 KiB
+    pieces costs one copy per chunk, not one of the whole remaining buffer per chunk."""
+
+    __slots__ = ("buf", "pos", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = b""
+        self.pos = 0
 
     def dropped(self) -> bool:
         """True if the server closed the idle connection (or sent anything unasked)."""
-        if self.buf:
+        if len(self.buf) > self.pos:
             return True
         try:  # urllib3's own check before reuse: poll where there is one (select refuses fds >= 1024)
             return wait_for_read(self.sock, timeout=0)
@@ -71,40 +76,47 @@ class _Conn:
             raise _Closed("the server closed the connection before the whole answer")
         return data
 
+    def _more(self) -> None:
+        """Append one read to the unconsumed bytes (dropping the consumed ones)."""
+        self.buf, self.pos = self.buf[self.pos:] + self.recv(), 0
+
+    def _until(self, sep: bytes, what: str) -> bytes:
+        """The bytes before the next ``sep`` (consumed with it); at most 64 KiB before it."""
+        while (end := self.buf.find(sep, self.pos)) < 0:
+            if len(self.buf) - self.pos > _MAX_HEAD:
+                raise _Closed(f"{what} is larger than 64 KiB")
+            self._more()
+        if end - self.pos > _MAX_HEAD:
+            raise _Closed(f"{what} is larger than 64 KiB")
+        out = self.buf[self.pos:end]
+        self.pos = end + len(sep)
+        return out
+
     def head(self) -> bytes:
         """Read up to the blank line that ends the status line and headers; returns them."""
-        buf = self.buf
-        while (end := buf.find(b"\r\n\r\n")) < 0:
-            if len(buf) > _MAX_HEAD:
-                raise _Closed("the answer's head is larger than 64 KiB")
-            buf += self.recv()
-        if end > _MAX_HEAD:
-            raise _Closed("the answer's head is larger than 64 KiB")
-        self.buf = buf[end + 4:]
-        return buf[:end]
+        return self._until(b"\r\n\r\n", "the answer's head")
 
     def exactly(self, n: int) -> bytes:
         """The next ``n`` bytes."""
-        buf = self.buf
-        if len(buf) >= n:
-            self.buf = buf[n:]
-            return buf[:n]
-        chunks, have = [buf], len(buf)
+        buf, pos = self.buf, self.pos
+        if len(buf) - pos >= n:
+            self.pos = pos + n
+            return buf[pos:pos + n]
+        chunks = [buf[pos:]]
+        have = len(chunks[0])
         while have < n:
             data = self.recv()
             chunks.append(data)
             have += len(data)
         whole = b"".join(chunks)
-        self.buf = whole[n:]
+        if have == n:  # the usual case: nothing read past the answer, no copy of the body
+            self.buf, self.pos = b"", 0
+            return whole
+        self.buf, self.pos = whole[n:], 0
         return whole[:n]
 
     def line(self) -> bytes:
-        while (end := self.buf.find(b"\r\n")) < 0:
-            if len(self.buf) > _MAX_HEAD:
-                raise _Closed("a chunk size line is larger than 64 KiB")
-            self.buf += self.recv()
-        out, self.buf = self.buf[:end], self.buf[end + 2:]
-        return out
+        return self._until(b"\r\n", "a chunk size line")
 
     def chunked(self) -> bytes:
         parts: list[bytes] = []
@@ -122,8 +134,8 @@ class _Conn:
                 raise _Closed("a chunk not followed by CRLF")
 
     def to_close(self) -> bytes:
-        parts = [self.buf]
-        self.buf = b""
+        parts = [self.buf[self.pos:]]
+        self.buf, self.pos = b"", 0
         while data := self.sock.recv(_RECV):
             parts.append(data)
         return b"".join(parts)

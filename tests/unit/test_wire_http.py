@@ -126,6 +126,16 @@ def test_a_chunked_body_is_read_and_reused_unless_a_content_length_makes_it_ambi
     assert post(pool)[2] == b"next" and server.connections == connections
 
 
+def test_many_small_chunks_in_one_read_are_joined_in_order_and_the_connection_reused(serve: Any) -> None:
+    # 3,000 chunks of 1-3 bytes: most arrive in one 256 KiB read, each taken from it in turn
+    pieces = [bytes([65 + i % 26]) * (1 + i % 3) for i in range(3000)]
+    raw = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+           + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n")
+    server, pool = serve(reply(raw), reply(ok(b"next")))
+    assert post(pool)[2] == b"".join(pieces)
+    assert post(pool)[2] == b"next" and server.connections == 1
+
+
 def test_connection_close_and_http_1_0_are_not_reused(serve: Any) -> None:
     server, pool = serve(reply(ok(b"a", "Connection: close\r\n"), keep=False),
                          reply(b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\nb", keep=False), reply(ok(b"c")))
