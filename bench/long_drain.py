@@ -97,6 +97,6 @@ def run(ctx: Any, res: Results, cw: str | None, kcl_drain: Any) -> None:
             check=lambda v: kr is not None and v >= 0.95 * kr,
             note=f"ours, default settings; {shape}; median of {len(ours)}: {listed(ours)}")
     res.add(S, "long_emulator_cores_ours", median(x["emulator_cores"] for x in ours), "cores",
-            note="the emulator's mean cores over ours' middle half (about 1.0: the emulator set the rate)")
+            note="the emulator's mean cores over ours' middle half (one Python process: at most about 1.0)")
     res.add(S, "long_emulator_cores_kclrs", median(x["emulator_cores"] for x in kcl), "cores",
             note="the emulator's mean cores over kcl-rs's middle half")
