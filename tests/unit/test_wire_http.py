@@ -5,6 +5,7 @@ read-to-close bodies, 100 Continue, and botocore's exception for each failure.""
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import ssl
 import threading
@@ -287,3 +288,46 @@ def test_a_host_name_idna_refuses_raises_endpoint_connection_error() -> None:
                     ca_certs=None)
     with pytest.raises(bx.EndpointConnectionError):
         post(pool)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_answers_split_at_random_read_boundaries_are_framed_exactly(seed: int) -> None:
+    # random Content-Length and chunked answers (1-300,000-byte chunks, extensions, trailers,
+    # a 100 Continue first), each followed by a second answer on the same connection, written
+    # in random pieces: every body comes back whole and the second answer intact
+    from kinesis_actors.wire_http import _Conn
+
+    rng = random.Random(seed)
+    for _ in range(60):
+        body = rng.randbytes(rng.choice([0, 1, 5, 3000, 70_000, 300_000, 1_000_000]))
+        head = (b"HTTP/1.1 100 Continue\r\n\r\n" if rng.random() < 0.2 else b"") + b"HTTP/1.1 200 OK\r\nX-A: b\r\n"
+        if rng.random() < 0.5:
+            raw = head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+        else:
+            sizes = [rng.choice([1, 2, 7, 4096, 65_536, 300_000]) for _ in range(len(body) + 1)]
+            parts, at = [], 0
+            for n in sizes:
+                if at >= len(body):
+                    break
+                piece, at = body[at:at + n], at + n
+                parts.append(b"%x%s\r\n%s\r\n" % (len(piece), b";x=y" if rng.random() < 0.1 else b"", piece))
+            raw = (head + b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(parts) + b"0\r\n"
+                   + (b"T: 1\r\n" if rng.random() < 0.3 else b"") + b"\r\n")
+        raw += ok(b"next")
+        cuts = [*sorted(rng.randrange(len(raw) + 1) for _ in range(rng.randrange(6))), len(raw)]
+        a, b = socket.socketpair()
+        writer = threading.Thread(target=lambda a=a, raw=raw, cuts=cuts: [a.sendall(raw[x:y]) for x, y in
+                                                                       zip([0, *cuts], cuts) if y > x])
+        writer.start()
+        try:
+            b.settimeout(5)
+            conn = _Conn(b)
+            status, _, got, reusable = WirePool._receive(conn)
+            assert (status, bytes(got), reusable) == (200, body, True)
+            assert bytes(WirePool._receive(conn)[2]) == b"next"
+            writer.join()
+            assert not conn.dropped()  # nothing read past the second answer
+        finally:
+            writer.join()
+            a.close()
+            b.close()
