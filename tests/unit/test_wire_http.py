@@ -331,3 +331,12 @@ def test_answers_split_at_random_read_boundaries_are_framed_exactly(seed: int) -
             writer.join()
             a.close()
             b.close()
+
+
+def test_a_connection_keeps_no_read_once_its_answer_is_consumed(serve: Any) -> None:
+    # a small answer arrives in one read with nothing after it: the idle connection in the
+    # pool holds no buffer (up to 256 KiB per connection otherwise)
+    _, pool = serve(reply(ok(b"x" * 1000)))
+    assert post(pool)[2] == b"x" * 1000
+    (conn,) = pool._idle
+    assert conn.buf == b"" and conn.pos == 0
