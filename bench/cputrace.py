@@ -59,13 +59,13 @@ class CpuTrace:
 
     def cpu_at(self, t: float) -> float | None:
         """The process's CPU seconds at wall time ``t``, interpolated; None outside the trace."""
-        times = [s[0] for s in self.samples]
-        if not times or t < times[0] or t > times[-1]:
+        samples = self.samples
+        if not samples or not samples[0][0] <= t <= samples[-1][0]:
             return None
-        i = bisect.bisect_left(times, t)
-        if times[i] == t or i == 0:
-            return self.samples[i][1]
-        (ta, ca), (tb, cb) = self.samples[i - 1], self.samples[i]
+        i = bisect.bisect_left(samples, t, key=lambda s: s[0])  # samples are in time order
+        if i == 0 or samples[i][0] == t:
+            return samples[i][1]
+        (ta, ca), (tb, cb) = samples[i - 1], samples[i]
         return ca + (cb - ca) * (t - ta) / max(1e-9, tb - ta)
 
     def cores(self, t_a: float, t_b: float) -> float | None:
