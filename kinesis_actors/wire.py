@@ -56,12 +56,18 @@ from .records import KPL_MAGIC, Record, records_from_response
 from .wire_http import WirePool
 
 __all__ = ["loads", "WireGetRecords", "wire_get_records", "batch_from_json_records", "KNOWN_ERROR_CODES",
-           "DISABLE_ENV"]
+           "DISABLE_ENV", "HTTP_ENV"]
 
 log = logging.getLogger(__name__)
 
 DISABLE_ENV = "KINESIS_ACTORS_BOTOCORE_GET_RECORDS"
 """Set to ``1`` to read ``GetRecords`` through botocore's own parser (no fast path)."""
+
+HTTP_ENV = "KINESIS_ACTORS_WIRE_HTTP"
+"""The HTTP client of the fast path, read when a client's :class:`WireGetRecords` is built:
+``1`` (the default) sends over :class:`~kinesis_actors.wire_http.WirePool`, ``0`` over
+urllib3 (botocore's own HTTP library, as the fan-out path does). The parser is the same
+either way; :data:`DISABLE_ENV` is its own switch."""
 
 KNOWN_ERROR_CODES = frozenset({
     "ExpiredIteratorException", "ProvisionedThroughputExceededException", "ResourceNotFoundException",
@@ -176,8 +182,11 @@ class WireGetRecords:
         self._host = _host_from_url(self._url)
         # The endpoint's connections (see wire_http); other URLs (a hook that rewrote it) go
         # through urllib3's manager.
-        self._http = WirePool(self._url, connect_timeout_s=config.connect_timeout, read_timeout_s=config.read_timeout,
-                             maxsize=config.max_pool_connections, ca_certs=get_cert_path(True))
+        self._http: WirePool | None = None
+        if os.environ.get(HTTP_ENV, "1") not in ("", "0"):
+            self._http = WirePool(self._url, connect_timeout_s=config.connect_timeout,
+                                  read_timeout_s=config.read_timeout, maxsize=config.max_pool_connections,
+                                  ca_certs=get_cert_path(True))
         self._path = urllib3.util.parse_url(self._url).request_uri
 
     def call(self, iterator: str, limit: int, *, shard_id: str, stream: str) -> dict[str, Any]:
@@ -219,10 +228,10 @@ class WireGetRecords:
 
         u3 = self._urllib3.exceptions
         url = prepared.url
-        if url == self._url:
+        if url == self._url and self._http is not None:
             return self._http.post(self._path, list(prepared.headers.items()), prepared.body)
         headers = {k: v for k, v in prepared.headers.items() if k.lower() != "host"}
-        try:  # a before-send hook moved it: urllib3 sets the URL's Host, as botocore's path does
+        try:  # urllib3 (HTTP_ENV=0, or a before-send hook moved it) sets the URL's Host, as botocore does
             response = self._pool.urlopen("POST", url, body=prepared.body, headers=headers, retries=False,
                                           preload_content=True)
         except (u3.NewConnectionError, socket.gaierror) as e:  # botocore's order (httpsession.py)
@@ -282,7 +291,8 @@ class WireGetRecords:
 
     def close(self) -> None:
         """Close the idle pooled connections (later calls open new ones)."""
-        self._http.close()
+        if self._http is not None:
+            self._http.close()
         self._pool.clear()
 
 
