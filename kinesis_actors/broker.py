@@ -237,7 +237,8 @@ class KinesisBroker:
         """
         from .fanout import deregister_stream_consumer
 
-        return deregister_stream_consumer(self._state.client("kinesis"), validate_stream_name(stream), consumer_name)
+        return deregister_stream_consumer(self._state.client("kinesis", max_attempts=0), validate_stream_name(stream),
+                                          consumer_name)
 
     # ------------------------------------------------------------------ handles
     def publisher(self, stream: str) -> Publisher:
@@ -301,7 +302,7 @@ class KinesisBroker:
                 raise InvalidError(f"this broker already reads stream {stream.name!r}; one subscription per stream")
             state.subscriptions[stream.name] = None  # type: ignore[assignment]  # reserved
         try:
-            ensure_stream(state.client("kinesis"), stream.name, create_shards=stream.create_if_missing)
+            ensure_stream(state.client("kinesis", max_attempts=0), stream.name, create_shards=stream.create_if_missing)
             self._start_ray()
             sub = Subscription(self, stream, sink, aws=aws, start_timeout_s=start_timeout_s)
         except BaseException:

@@ -44,12 +44,12 @@ import dataclasses
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 from .backoff import Backoff
 from .batch import RecordBatch
+from .clock import monotonic_s
 from .errors import InvalidError, KinesisError, aws_error_code, is_throttling
 from .fanout_consumer import deregister_stream_consumer, ensure_stream_consumer
 from .fanout_http import EventSource, HttpSubscriber, Subscribe
@@ -205,7 +205,7 @@ class FanOutFetcher(ShardPosition):
     def __init__(self, client: Any, stream: str, shard_id: str, start: StartAt, *, consumer_arn: str,
                  restart_at: StartAt | None = None, ending_sequence_number: str | None = None,
                  subscribe: Subscribe | None = None, renew_after_s: float = SUBSCRIPTION_RENEW_S,
-                 clock: Callable[[], float] = time.monotonic, rng: Callable[[], float] = random.random) -> None:
+                 clock: Callable[[], float] = monotonic_s, rng: Callable[[], float] = random.random) -> None:
         if not consumer_arn:
             raise InvalidError("FanOutFetcher needs a consumer_arn")
         super().__init__(stream, shard_id, start, restart_at, ending_sequence_number)

@@ -15,12 +15,12 @@ import dataclasses
 import logging
 import math
 import random
-import time
 from collections.abc import Callable
 from typing import Any, Literal
 
 from .backoff import THROTTLE_BACKOFF
 from .batch import RecordBatch
+from .clock import monotonic_s
 from .control_plane import (
     CONTROL_PLANE_BACKOFF,
     ShardInfo,
@@ -268,7 +268,7 @@ class ShardFetcher(ShardPosition):
 
     def __init__(self, client: Any, stream: str, shard_id: str, start: StartAt, *, restart_at: StartAt | None = None,
                  ending_sequence_number: str | None = None, max_records: int = 10_000, idle_wait_s: float = 0.25,
-                 max_idle_wait_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 max_idle_wait_s: float = 1.0, clock: Callable[[], float] = monotonic_s,
                  rng: Callable[[], float] = random.random) -> None:
         super().__init__(stream, shard_id, start, restart_at, ending_sequence_number)
         self.client = client

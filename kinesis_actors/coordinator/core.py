@@ -23,11 +23,11 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from ..aws import AwsSettings
+from ..clock import monotonic_s
 from ..config import KinesisStream
 from ..errors import KinesisError, StartError
 from ..fanout import ensure_stream_consumer
@@ -107,7 +107,7 @@ class CoordinatorCore:
                  lease_duration_s: float, renew_interval_s: float, launcher: Launcher, kinesis: Any,
                  on_fatal: Callable[[BaseException], Any] | None = None, call_timeout_s: float = 30.0,
                  handoff_timeout_s: float | None = None, reader_start_timeout_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic, sleep: Sleep = asyncio.sleep) -> None:
+                 clock: Callable[[], float] = monotonic_s, sleep: Sleep = asyncio.sleep) -> None:
         self.stream, self.aws, self.store, self.owner_id = stream, aws, store, owner_id
         self.lease_duration_s, self.renew_interval_s = lease_duration_s, renew_interval_s
         self.max_shards_per_reader = stream.max_shards_per_reader

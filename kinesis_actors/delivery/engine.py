@@ -38,10 +38,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
-from ..backoff import Backoff
+from ..backoff import Backoff, Retry
 from ..errors import LeaseLostError, SinkError
 from ..records import Record
 from .dead_letter import DeadLetter, DeadLetterWriter
@@ -226,6 +227,7 @@ class DeliveryEngine:
                         on_ack: OnAck | None) -> tuple[list[int], BaseException | None]:
         """Try ``indices`` up to ``retries + 1`` times; the indices still failing and the last error."""
         remaining, attempt = indices, 0
+        retry = Retry(self._backoff, max_attempts=retries + 1, rng=self._rng or random.random)
         while True:
             remaining = await self._expire(batch, remaining, result, on_ack)
             if not remaining:
@@ -256,9 +258,9 @@ class DeliveryEngine:
             if not remaining:
                 return [], None
             self._bump("sink_failures")
-            if attempt > retries:
+            pause = retry.pause_s(attempt, started=0.0)
+            if pause is None:  # retries + 1 attempts made
                 return remaining, error
-            pause = self._backoff.delay_s(attempt, rng=self._rng) if self._rng else self._backoff.delay_s(attempt)
             log.info("shard %s: sink failed on %d records (%r); retry %d in %.2f s", self._shard_id, len(remaining),
                      error, attempt, pause)
             await self._sleep(pause)

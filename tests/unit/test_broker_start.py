@@ -52,7 +52,7 @@ class MissingStreamKinesis:
 
 
 def test_a_missing_stream_is_named_before_ray_starts(no_ray: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ConnectionState, "client", lambda self, service: MissingStreamKinesis())
+    monkeypatch.setattr(ConnectionState, "client", lambda self, service, **_: MissingStreamKinesis())
     broker = KinesisBroker(endpoint="http://127.0.0.1:4567", region="us-east-1", test_credentials=True).connect()
     with pytest.raises(StreamError, match="'nope' does not exist"):
         broker.subscribe(KinesisStream("nope"))

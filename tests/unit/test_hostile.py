@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, ReadTimeoutError
 
+from kinesis_actors import control_plane
 from kinesis_actors import kinesis as kinesis_module
 from kinesis_actors.aws import AwsSettings
 from kinesis_actors.backoff import Backoff
@@ -364,7 +365,8 @@ def test_every_call_times_out_within_the_lease(lease_s: float) -> None:
 
 # ----------------------------------------------------------------------------- control plane, KPL
 def test_limit_exceeded_on_list_shards_is_retried_within_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kinesis_module, "CONTROL_PLANE_BACKOFF", Backoff(base_s=0.01, cap_s=0.05))
+    monkeypatch.setattr(control_plane, "CONTROL_PLANE_BACKOFF", Backoff(base_s=0.01, cap_s=0.05))
+
     class Throttled:
         def __init__(self, failures: int) -> None:
             self.failures, self.calls = failures, 0
@@ -375,8 +377,9 @@ def test_limit_exceeded_on_list_shards_is_retried_within_the_deadline(monkeypatc
                 raise client_error("LimitExceededException", "ListShards")
             return {"Shards": [shard("shardId-0")]}
 
-    clock = FakeClock()  # call_with_retry's time.monotonic and time.sleep, on fake time
-    monkeypatch.setattr(kinesis_module, "time", SimpleNamespace(monotonic=clock, sleep=clock.advance))
+    clock = FakeClock()  # call_with_retry's clock and sleep, on fake time
+    monkeypatch.setattr(control_plane, "monotonic_s", clock)
+    monkeypatch.setattr(control_plane, "time", SimpleNamespace(sleep=clock.advance))
     client = Throttled(3)
     assert [s.shard_id for s in list_shards(client, STREAM, deadline_s=10)] == ["shardId-0"] and client.calls == 4
     started = clock()
