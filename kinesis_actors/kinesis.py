@@ -170,7 +170,7 @@ class ShardPosition:
         """``"<stream>/<shard id>"``, for messages."""
         return f"{self.stream}/{self.shard_id}"
 
-    def _arm_skip(self, position: StartAt) -> None:
+    def arm_skip(self, position: StartAt) -> None:
         """Before opening at ``position``: resuming inside a KPL aggregate (``AFTER_SEQUENCE_NUMBER``
         with a sub-sequence) re-reads the aggregate, so the user records through it are dropped once."""
         if position.kind == "AFTER_SEQUENCE_NUMBER" and position.sequence_number is not None \
@@ -179,7 +179,7 @@ class ShardPosition:
         else:
             self._skip_through = None
 
-    def _accept(self, raw: list[dict[str, Any]] | RecordBatch) -> RecordBatch:
+    def accept(self, raw: list[dict[str, Any]] | RecordBatch) -> RecordBatch:
         """The user records of one answer (``Records`` of ``GetRecords`` or of an event, as
         botocore's dicts or already a batch), minus those already returned; the last one
         becomes the resume point."""
@@ -196,12 +196,12 @@ class ShardPosition:
         self._start = self._restart
         return records
 
-    def _past_end(self, at_tip: bool) -> bool:
+    def past_end(self, at_tip: bool) -> bool:
         """A closed shard is read to its end: at the tip, or past ``EndingSequenceNumber``."""
         return self._end_key is not None and (
             at_tip or (self._last is not None and seq_key(self._last.sequence_number) >= self._end_key))
 
-    def _not_found(self, e: BaseException, operation: str, what: str) -> Exception:
+    def not_found(self, e: BaseException, operation: str, what: str) -> Exception:
         """The library's error for a failed call: ``StreamError`` naming ``what`` for
         ``ResourceNotFoundException``, else the translated ``KinesisError``."""
         err = translate_aws_error(e, operation=operation, resource=self.resource)
@@ -341,7 +341,7 @@ class ShardFetcher(ShardPosition):
     def _open(self) -> None:
         position = self.position
         args = position.iterator_args()
-        self._arm_skip(position)
+        self.arm_skip(position)
         try:
             self._iterator = self.client.get_shard_iterator(StreamName=self.stream, ShardId=self.shard_id,
                                                             **args)["ShardIterator"]
@@ -354,7 +354,7 @@ class ShardFetcher(ShardPosition):
         self._start = self._restart
 
     def _fatal(self, e: BaseException, operation: str) -> Exception:
-        return self._not_found(e, operation, f"stream {self.stream!r} or shard {self.shard_id}")
+        return self.not_found(e, operation, f"stream {self.stream!r} or shard {self.shard_id}")
 
     def step(self) -> Fetched | None:
         """One AWS call: ``GetShardIterator`` when no iterator is held, else ``GetRecords``.
@@ -392,11 +392,11 @@ class ShardFetcher(ShardPosition):
             return None
         self.throttled_in_a_row = 0
         raw = response.get("Records") or []
-        records = self._accept(raw)
+        records = self.accept(raw)
         lag = response.get("MillisBehindLatest")
         self._iterator = response.get("NextShardIterator")
         at_tip = not raw and not lag
-        shard_end = self._iterator is None or self._past_end(at_tip)
+        shard_end = self._iterator is None or self.past_end(at_tip)
         if at_tip:
             self._idle += 1
             wait = min(self.max_idle_wait_s, self.idle_wait_s * 2 ** min(self._idle - 1, 30))  # 2**1024: OverflowError

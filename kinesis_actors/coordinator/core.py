@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from .. import metrics
 from ..aws import AwsSettings
 from ..clock import monotonic_s
 from ..config import KinesisStream
@@ -73,9 +74,7 @@ def reader_spec(cfg: KinesisStream, shard: ShardInfo, *, owner_id: str, lease_du
 
 
 def _tick_metrics(core: CoordinatorCore) -> None:
-    import kinesis_actors.coordinator as package  # the hook is looked up where it is exported (and patched)
-
-    package.coordinator_tick(core)
+    metrics.coordinator_tick(core)  # looked up at each call in its module (where a test patches it)
 
 
 class CoordinatorCore:

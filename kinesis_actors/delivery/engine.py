@@ -227,7 +227,6 @@ class DeliveryEngine:
                         on_ack: OnAck | None) -> tuple[list[int], BaseException | None]:
         """Try ``indices`` up to ``retries + 1`` times; the indices still failing and the last error."""
         remaining, attempt = indices, 0
-        retry = Retry(self._backoff, max_attempts=retries + 1, rng=self._rng or random.random)
         while True:
             remaining = await self._expire(batch, remaining, result, on_ack)
             if not remaining:
@@ -258,6 +257,7 @@ class DeliveryEngine:
             if not remaining:
                 return [], None
             self._bump("sink_failures")
+            retry = Retry(self._backoff, max_attempts=retries + 1, rng=self._rng or random.random)  # on failure only
             pause = retry.pause_s(attempt, started=0.0)
             if pause is None:  # retries + 1 attempts made
                 return remaining, error
