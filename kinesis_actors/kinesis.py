@@ -74,10 +74,9 @@ def idle_due(now: float, wait: float, slot: float, phase: float | None = None) -
     process that sit at the tip then poll in a few groups a second (10 at the defaults,
     each about a tenth of them), each group woken by one timer, rather than each alone with
     its code cold, as operating systems batch timers (Linux's timer slack); renewals use a
-    grid too, rounded up (:func:`~kinesis_actors.reader.lease.renewal_slot`). Measured on
-    the 2-core machines of ``bench/`` (``python -m bench.idle --shards 256``, the Ray
-    processes' CPU per idle request): 1.30-1.35 ms without a grid, 1.14-1.33 ms with this
-    one. A group is kept to a tenth of the idle shards because its polls go out together:
+    grid too, rounded up (:func:`~kinesis_actors.reader.lease.renewal_slot`); what it saves
+    per idle request is in ``bench/DESIGN_FIGURES.md`` (``python -m bench.idle``). A group
+    is kept to a tenth of the idle shards because its polls go out together:
     on a service that answers one request at a time, a process's lease renewals wait
     behind the group (one point per ``max_idle_wait_s``, all of a reader's 128 idle shards
     at once, stretched a renewal gap in ``tests/integration/test_scale.py`` past its

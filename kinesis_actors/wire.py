@@ -5,26 +5,22 @@ request signer), SigV4 signing, the endpoint (the client's resolved ``endpoint_u
 ``GetRecords`` by ``ShardIterator`` has no operation-specific endpoint), the error
 classes (``client.exceptions``) and, for any error this module does not know, its own
 JSON error parser. The request goes over a kept-alive connection of an
-:class:`~kinesis_actors.wire_http.WirePool` (why not urllib3 or h11, with figures, is said
-there: per call urllib3 cost six times the socket calls); a request a hook moved to
-another URL goes through urllib3 (botocore's own HTTP library). The answer is
+:class:`~kinesis_actors.wire_http.WirePool` (why not urllib3 is said there), or through
+urllib3 (botocore's own HTTP library) with :data:`HTTP_ENV` ``=0`` and for a request a
+hook moved to another URL. The answer is
 parsed with :func:`loads` (msgspec) and turned straight into a
 :class:`~kinesis_actors.batch.RecordBatch`: ``Data`` is decoded with pybase64 (SIMD;
 ``binascii.a2b_base64``, botocore's own decoder, where pybase64 is missing or refuses a
 record) and ``ApproximateArrivalTimestamp`` stays float epoch seconds (botocore builds a
-``datetime`` per record: 20-24 % of a reader's CPU in the profile of issue 20).
+``datetime`` per record, a large share of a reader's CPU at full speed).
 
-The parser is msgspec's untyped JSON decoder (``msgspec.json.Decoder()``).
-``python -m bench.read_path parse`` (one ``GetRecords`` body of 2,000 x 1 KiB random
-records, CPU s per MB of payload, best of 30 round-robin rounds; bench/read_path.json,
-run "in-process: parse, breakdown, profile") measured the JSON parse alone at 0.00086
-for msgspec, 0.00214 for ``orjson.loads`` and 0.0234 for botocore's parser (with its
-base64 and datetimes). With ``a2b_base64`` per record: msgspec 0.0045, orjson 0.0056; with
-pybase64: msgspec 0.0019; this module's whole build into a ``RecordBatch``: 0.0024. A
-typed msgspec ``Struct`` parses a little faster still (0.00075), but its schema would
-have to follow the API's shapes (and the fan-out events'), for about 5 % of the whole
-path. The fan-out frames' JSON payloads and the request bodies go through the same
-decoder and encoder.
+The parser is msgspec's untyped JSON decoder (``msgspec.json.Decoder()``), chosen by
+``python -m bench.read_path parse`` (CPU per MB of payload against ``orjson`` and
+botocore's parser, with each base64 decoder; figures in ``bench/DESIGN_FIGURES.md`` and
+``bench/read_path.json``). A typed msgspec ``Struct`` would parse a little faster still,
+but its schema would have to follow the API's shapes (and the fan-out events') for a
+small share of the whole path. The fan-out frames' JSON payloads and the request bodies
+go through the same decoder and encoder.
 
 botocore's client event hooks still run around each call (``before-parameter-build``,
 ``before-send`` (a handler may answer instead of the network, as botocore's stubs and
