@@ -3,12 +3,12 @@
 Parts (each in its own module, each with one state enum): the reader pool
 (:mod:`.pool`), the placements of held leases (:mod:`.placements`), the handoffs
 (:mod:`.handoffs`), the lease-table poll (:mod:`.poll`), presence and stats
-(:mod:`.presence`). The core's tick, like Ray Serve's ``DeploymentStateManager.update``,
-calls each part's update when it is due on the injected clock (presence every
-``renew_interval_s``, ``ListShards`` every ``shard_sync_interval_s``, the lease poll and
-pool upkeep every ``lease_poll_interval_s``), each in its own kept task with its own
-try/except: a failing part is logged, counted (``step_failures``) and retried when next
-due, a slow one never delays another.
+(:mod:`.presence`). The core's :class:`~.tick.Tick`, like Ray Serve's
+``DeploymentStateManager.update``, calls each part's update when it is due on the
+injected clock (presence every ``renew_interval_s``, ``ListShards`` every
+``shard_sync_interval_s``, the lease poll and pool upkeep every ``lease_poll_interval_s``),
+each in its own kept task with its own try/except: a failing part is logged, counted
+(``step_failures``) and retried when next due, a slow one never delays another.
 
 The core's phase is one :class:`~.lifecycle.CoordinatorState` (its moves listed once, in
 :data:`~.lifecycle.TRANSITIONS`), read by the pool and the placements through the core's
@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .. import metrics
@@ -45,6 +44,7 @@ from .poll import LeasePoll, PollOutcome, Taken
 from .pool import PooledReader, ReaderPool
 from .presence import Presence, collect_stats
 from .tasks import Sleep, TaskSet
+from .tick import Tick
 
 __all__ = ["CoordinatorCore"]
 
@@ -73,10 +73,6 @@ def reader_spec(cfg: KinesisStream, shard: ShardInfo, *, owner_id: str, lease_du
     )
 
 
-def _tick_metrics(core: CoordinatorCore) -> None:
-    metrics.coordinator_tick(core)  # looked up at each call in its module (where a test patches it)
-
-
 class CoordinatorCore:
     """The control loop of one subscription (plain asyncio; see the package docstring).
 
@@ -100,6 +96,8 @@ class CoordinatorCore:
             :class:`ReaderPool`, :class:`Placements`, :class:`Handoffs`, :class:`Presence`).
         counters: this instance's counters (leases taken, lost, handed over, handoffs,
             reader starts failed, ``step_failures``, ``store_errors``, ...).
+        lifecycle: the :class:`~.lifecycle.Lifecycle` (its ``state``, a :class:`~.lifecycle.CoordinatorState`).
+        tick: the :class:`~.tick.Tick` that runs presence, ``ListShards`` and the lease poll when due.
     """
 
     def __init__(self, stream: KinesisStream, *, aws: AwsSettings, store: LeaseStore, owner_id: str,
@@ -115,7 +113,6 @@ class CoordinatorCore:
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         self.lifecycle = Lifecycle(stream.name)
         self._tasks = TaskSet(self.counters)  # handoff calls, reader watches
-        self._steps = TaskSet(self.counters)  # the tick's steps under way
         self._threads = concurrent.futures.ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="ka-coordinator")
         self.leases = LeasePoll(stream=stream, store=store, io=self._io, kinesis=kinesis, owner_id=owner_id,
                                 lease_duration_s=lease_duration_s, clock=clock, counters=self.counters)
@@ -138,9 +135,15 @@ class CoordinatorCore:
                                  duration_s=lease_duration_s, counters=self.counters)
         self._error: BaseException | None = None  # the parked fatal error (state FAILED once closed)
         self._ended = asyncio.Event()  # set on reaching CLOSED or FAILED
-        self._wake = asyncio.Event()  # run the lease poll now
-        self._nudge = asyncio.Event()  # look at what is due now
-        self._tick: asyncio.Task[None] | None = None  # the tick loop, from start() to the close
+        self.tick = Tick(stream.name, lifecycle=self.lifecycle, clock=clock, sleep=sleep, counters=self.counters,
+                         on_fatal=self.fail)
+        self.tick.add("presence", self.presence.update, lambda: renew_interval_s, first_in_s=0.0, before_running=True)
+        self.tick.add("shards", self.sync_shards, lambda: stream.shard_sync_interval_s,
+                      first_in_s=stream.shard_sync_interval_s)
+        # a slow table read spaces the polls out: at most half of the store's time goes to reading it
+        self.tick.add("poll", self._poll_and_upkeep,
+                      lambda: max(stream.lease_poll_interval_s, 2 * self.leases.last_read_s),
+                      first_in_s=stream.lease_poll_interval_s)
         self._closer: asyncio.Future[None] | None = None  # the close under way, awaited by every close()
         self._last_stats: dict[str, dict[str, Any]] = {}
         self.consumer_arn: str | None = None  # the stream consumer (retrieval="fanout"), registered by start()
@@ -176,7 +179,7 @@ class CoordinatorCore:
             return
         deadline = self._clock() + timeout_s
         self.lifecycle.move(CoordinatorState.STARTING)
-        self._tick = asyncio.create_task(self._tick_loop(), name=f"coordinator-{self.stream.name}")
+        self.tick.start()
         # The smallest pool starts now, in the background: reader processes start (a second or
         # more each) while this pass lists the shards and reads the lease table; the pass grows
         # the pool further once it knows how many leases it takes.
@@ -200,67 +203,7 @@ class CoordinatorCore:
                              f"{timeout_s:.0f} s ({outcome.why})", started=outcome.opened, total=outcome.wanted)
         if self.lifecycle.state is CoordinatorState.STARTING:  # not closing meanwhile
             self.lifecycle.move(CoordinatorState.RUNNING)
-        self._nudge.set()
-
-    async def _tick_loop(self) -> None:
-        """Run each part when it is due (injected clock), until closing; a part still
-        running when due is not started twice (its next round starts once it is done)."""
-        cfg, now = self.stream, self._clock()
-        parts: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
-            "presence": self.presence.update, "shards": self.sync_shards, "poll": self._poll_and_upkeep}
-        due = {"presence": now, "shards": now + cfg.shard_sync_interval_s, "poll": now + cfg.lease_poll_interval_s}
-        running: dict[str, asyncio.Task[None]] = {}
-        while not self.lifecycle.closing:
-            now = self._clock()
-            if self._wake.is_set():
-                self._wake.clear()
-                due["poll"] = min(due["poll"], now)
-            self._nudge.clear()
-            active = [n for n in parts if self.lifecycle.running or n == "presence"]
-            for name in active:
-                if now >= due[name] and name not in running:
-                    running[name] = self._steps.spawn(self._step(name, parts[name]), f"step-{name}")
-                    running[name].add_done_callback(functools.partial(self._step_done, running, name))
-                    due[name] = now + self._interval(name)
-            waits = [due[n] for n in active if n not in running]
-            await self._nap(max(0.0, min(waits, default=now + cfg.lease_poll_interval_s) - self._clock()))
-
-    def _interval(self, part: str) -> float:
-        if part == "presence":
-            return self.renew_interval_s
-        if part == "shards":
-            return self.stream.shard_sync_interval_s
-        # a slow table read spaces the polls out: at most half of the store's time goes to reading it
-        return max(self.stream.lease_poll_interval_s, 2 * self.leases.last_read_s)
-
-    def _step_done(self, running: dict[str, asyncio.Task[None]], name: str, _: object) -> None:
-        running.pop(name, None)
-        self._nudge.set()
-
-    def _poll_now(self) -> None:
-        """Run the lease poll at once (a shard ended: its children may be readable)."""
-        self._wake.set()
-        self._nudge.set()
-
-    async def _nap(self, seconds: float) -> None:
-        """Sleep ``seconds`` on the injected sleep, or less when nudged."""
-        nudged = asyncio.ensure_future(self._nudge.wait())
-        nap = asyncio.ensure_future(self._sleep(seconds))
-        try:
-            await asyncio.wait({nudged, nap}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            nudged.cancel()
-            nap.cancel()
-
-    async def _step(self, name: str, update: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        try:
-            await update()
-        except Exception as e:  # any failure of one part: logged and counted, retried when next due
-            if getattr(e, "fatal", False):  # e.g. KclLeaseStore saw a live KCL worker: refuse the table
-                await self.fail(e)
-                return
-            self.counters["step_failures"] += 1
-            log.warning("%s: %s failed (%r); retrying when next due", self.stream.name, name, e)
+        self.tick.due_now()
 
     async def _poll_and_upkeep(self) -> None:
         try:
@@ -299,16 +242,12 @@ class CoordinatorCore:
 
     async def _close(self, release: bool, grace_s: float, timeout_s: float) -> None:
         deadline = self._clock() + timeout_s
-        self._poll_now()
-        if self._tick is not None:
-            self._tick.cancel()
-            await asyncio.gather(self._tick, return_exceptions=True)
-        await self._steps.cancel()
+        await self.tick.stop()
         await self.pool.starts.cancel()
         # opens under way: let them land (bounded), so they are stopped too
         await self.placements.opens.settle(max(0.0, min(grace_s, deadline - self._clock())))
         await close_parts(self, release=release, grace_s=grace_s, deadline=deadline, clock=self._clock,
-                          started=self._tick is not None)
+                          started=self.tick.started)
         self.placements.held.clear()
         self._threads.shutdown(wait=False)
         self.lifecycle.move(CoordinatorState.FAILED if self._error is not None else CoordinatorState.CLOSED)
@@ -349,7 +288,7 @@ class CoordinatorCore:
         if state is ConsumerState.SHARD_ENDED:
             self.leases.finished.add(shard_id)
             self.counters["shards_ended"] += 1
-            self._poll_now()  # children may be readable now
+            self.tick.due_now("poll")  # children may be readable now
         elif state is ConsumerState.LOST:
             self.counters["leases_lost"] += 1
         elif state is ConsumerState.HANDED_OVER:
@@ -393,7 +332,7 @@ class CoordinatorCore:
             A failed take, forced takeover or handoff request is logged and costs no other.
         """
         view = await self.leases.read()
-        _tick_metrics(self)  # metrics: lease figures, once per poll
+        metrics.coordinator_tick(self)  # lease figures, once per poll (looked up in its module at each call)
         held = self.placements.held
         plan = self.leases.plan(view, held.keys())
         forced = await self.handoffs.settle(view.rows, view.read_at, held, self.leases.shards)

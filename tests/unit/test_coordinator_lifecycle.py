@@ -100,3 +100,76 @@ def test_a_task_set_cancels_and_awaits_every_task_it_holds() -> None:
         assert counters["task_errors"] == 0
 
     asyncio.run(scenario())
+
+
+def test_the_tick_runs_each_part_when_due_never_twice_at_once_and_counts_failures() -> None:
+    from kinesis_actors.coordinator.tick import Tick
+    from kinesis_actors.testing import FakeClock
+
+    async def scenario() -> None:
+        clock, life, counters = FakeClock(), Lifecycle("s"), {}
+        fatal: list[BaseException] = []
+        runs = {"slow": 0, "flaky": 0, "early": 0}
+        release = asyncio.Event()
+
+        async def slow() -> None:
+            runs["slow"] += 1
+            await release.wait()
+
+        async def flaky() -> None:
+            runs["flaky"] += 1
+            raise ValueError("the table throttled")
+
+        async def early() -> None:
+            runs["early"] += 1
+
+        async def on_fatal(e: BaseException) -> None:
+            fatal.append(e)
+
+        tick = Tick("s", lifecycle=life, clock=clock, sleep=clock.sleep, counters=counters, on_fatal=on_fatal)
+        tick.add("slow", slow, lambda: 1.0, first_in_s=0.0)
+        tick.add("flaky", flaky, lambda: 1.0, first_in_s=0.5)
+        tick.add("early", early, lambda: 1.0, first_in_s=0.0, before_running=True)
+        life.move(S.STARTING)
+        tick.start()
+        await clock.run_for(2.05)
+        assert runs == {"slow": 0, "flaky": 0, "early": 3}, "only before_running parts while STARTING"
+        life.move(S.RUNNING)
+        tick.due_now()
+        await clock.run_for(3.0)
+        assert runs["slow"] == 1, "a part still running is not started again when due"
+        assert runs["flaky"] >= 3 and counters["step_failures"] == runs["flaky"] and not fatal
+        release.set()
+        await clock.run_for(1.0)
+        assert runs["slow"] >= 2, "its next round starts once it is done"
+        await tick.stop()
+        assert not tick.steps.running()
+
+    asyncio.run(scenario())
+
+
+def test_a_fatal_error_of_a_part_goes_to_on_fatal_not_to_the_failure_count() -> None:
+    from kinesis_actors.coordinator.tick import Tick
+    from kinesis_actors.testing import FakeClock
+
+    async def scenario() -> None:
+        clock, life, counters = FakeClock(), Lifecycle("s"), {}
+        fatal: list[BaseException] = []
+        error = KinesisError("a KCL worker holds this table")
+        error.fatal = True  # type: ignore[attr-defined]
+
+        async def refuse() -> None:
+            raise error
+
+        async def on_fatal(e: BaseException) -> None:
+            fatal.append(e)
+
+        tick = Tick("s", lifecycle=life, clock=clock, sleep=clock.sleep, counters=counters, on_fatal=on_fatal)
+        tick.add("poll", refuse, lambda: 1.0, first_in_s=0.0, before_running=True)
+        life.move(S.STARTING)
+        tick.start()
+        await clock.run_for(0.5)
+        assert fatal == [error] and counters["step_failures"] == 0
+        await tick.stop()
+
+    asyncio.run(scenario())
