@@ -10,8 +10,9 @@ One module per role, each with one state enum whose transitions its docstring dr
 * :mod:`.presence` -- the presence row and stats (``PresenceState``);
 * :mod:`.lifecycle` -- the core's own phase (``CoordinatorState``: NEW / STARTING /
   RUNNING / CLOSING / CLOSED / FAILED);
-* :mod:`.core` -- :class:`CoordinatorCore`, the tick that runs each part when due;
-  :mod:`.closing` -- the close under one deadline; :mod:`.tasks` -- the kept task sets;
+* :mod:`.core` -- :class:`CoordinatorCore`, which composes the parts; :mod:`.tick` -- the
+  tick that runs each part when due; :mod:`.closing` -- the close under one deadline;
+  :mod:`.tasks` -- the kept task sets;
 * :mod:`.actor` -- the Ray actor shells, apart from all of the above.
 
 Fault model:
