@@ -30,7 +30,10 @@ Sizing knobs (docs/production.md, "Sizing"): ``--max-shards-per-reader``,
 readers on a node than it has cores), ``--min-checkpoint-interval-s``,
 ``--lease-poll-interval-s``; unset, each is the library's default. ``--kcl-application APP``
 (``KA_KCL_APPLICATION``) uses the existing lease table of a KCL application instead of
-``--lease-table`` (:class:`~kinesis_actors.KclLeaseStore`).
+``--lease-table`` (:class:`~kinesis_actors.KclLeaseStore`): it takes over the table of a
+STOPPED KCL fleet (each shard resumes after KCL's checkpoint) and hands it back to a KCL
+fleet started after this job stops; a KCL worker still renewing leases in the table fails
+the job with :class:`~kinesis_actors.KclFleetLiveError` (stop the KCL fleet first).
 
 The sink is a :class:`~kinesis_actors.DatasetSink`: every ``--window-s`` seconds (or
 ``--window-records`` records) the records gathered from the readers become a
@@ -132,8 +135,10 @@ def parse_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None
 
     option("stream", str, "Kinesis stream to read")
     option("lease_table", str, "DynamoDB lease table (this library's layout)")
-    option("kcl_application", str, "instead of --lease-table: the KCL application whose existing lease table "
-           "(named after it) the job shares with KCL workers (KclLeaseStore)", metavar="APP")
+    option("kcl_application", str, "instead of --lease-table: take over the existing lease table (named after "
+           "it) of KCL application APP whose fleet is STOPPED, and hand it back to a KCL fleet started after this "
+           "job stops (KclLeaseStore; each shard resumes after the other side's checkpoint). A live mix is refused: "
+           "a KCL worker renewing leases in the table fails the job with KclFleetLiveError", metavar="APP")
     option("sink", str, "parquet:<path or s3:// URI>, or null")
     option("endpoint", str, "endpoint URL (an emulator); unset for AWS")
     option("region", str, "AWS region (else AWS_REGION / the default chain)")
