@@ -43,6 +43,8 @@ class CountingProxy:
         self._log: list[Call] = []
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._upstream: list[http.client.HTTPConnection] = []  # closed on exit
+        self.dropped = 0  # requests whose client died before their body arrived
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -66,10 +68,18 @@ class CountingProxy:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = http.client.HTTPConnection(self._host, self._port, timeout=60)
+            with self._lock:
+                self._upstream.append(conn)
         return conn  # type: ignore[no-any-return]
 
     def _forward(self, req: BaseHTTPRequestHandler) -> None:
-        body = req.rfile.read(int(req.headers.get("Content-Length") or 0))
+        length = int(req.headers.get("Content-Length") or 0)
+        body = req.rfile.read(length)
+        if len(body) < length:  # the client died mid-request (a SIGKILLed reader): nothing to forward
+            req.close_connection = True
+            with self._lock:
+                self.dropped += 1
+            return
         target = req.headers.get("X-Amz-Target", "")
         op = target.rsplit(".", 1)[-1] if target else "?"
         headers = {k: v for k, v in req.headers.items() if k.lower() not in _HOP}
@@ -108,3 +118,6 @@ class CountingProxy:
     def __exit__(self, *exc: Any) -> None:
         self._server.shutdown()
         self._server.server_close()
+        with self._lock:
+            for conn in self._upstream:
+                conn.close()
