@@ -25,7 +25,12 @@ leases back at once instead of waiting for them to expire.
 consumer of that name (registered on the first run, reused after; never deregistered by
 the job): the IAM policy's two ``EnhancedFanOut`` statements are then needed.
 
-Sizing knobs (docs/production.md, "Sizing"): ``--max-shards-per-reader``,
+Sizing (docs/production.md, "Sizing"; the same rule as ``--help`` and cluster/README.md): a
+shard costs ``c = MB/s per shard × 0.0087 + requests/s per shard × 0.001`` cores (about 1 ms
+of CPU per ``GetRecords`` or lease-table write); keep ``shards per reader × c <= 0.5`` and
+give the readers ``N × c`` cores. Load placement (``reader_target_cpu``) moves hot shards
+between readers by itself; ``--max-shards-per-reader`` stays a cap.
+Sizing knobs: ``--max-shards-per-reader``,
 ``--reader-num-cpus`` (readers default to ``num_cpus=0``; set it so Ray places no more
 readers on a node than it has cores), ``--min-checkpoint-interval-s``,
 ``--lease-poll-interval-s``; unset, each is the library's default. ``--kcl-application APP``
@@ -154,10 +159,15 @@ def parse_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None
     option("renew_interval_s", float, "lease renewal interval, seconds")
     option("fanout", str, "read with enhanced fan-out through this stream consumer name (SubscribeToShard)",
            metavar="CONSUMER_NAME")
-    option("max_shards_per_reader", int, "most shard leases per ShardReader process (unset: the library's 128); "
-           "keep shards per reader × MB/s per shard × 0.10 <= 1")
+    option("max_shards_per_reader", int, "most shard leases per ShardReader process (unset: the library's 128). "
+           "Sizing rule (docs/production.md, 'Sizing'): a shard costs c = MB/s per shard × 0.0087 + requests/s per "
+           "shard × 0.001 cores (about 1 ms of CPU per GetRecords or lease-table write: up to 5 GetRecords/s on a busy "
+           "shard, 1 renewal per renew interval, plus a checkpoint per batch with --min-checkpoint-interval-s 0); "
+           "keep shards per reader × c <= 0.5 and give the readers N × c cores. With load placement "
+           "(reader_target_cpu, on by default) a reader above its CPU target hands its hottest shard on by itself, "
+           "so this is only a cap")
     option("min_checkpoint_interval_s", float, "shortest time between two checkpoint writes of a shard, seconds "
-           "(unset: 0, one per acknowledged batch)")
+           "(unset: the library's default; 0: one write per acknowledged batch)")
     option("lease_poll_interval_s", float, "seconds between the Coordinator's lease-table scans (unset: 2)")
     option("reader_num_cpus", float, "num_cpus of each ShardReader actor (unset: 0), so Ray places at most "
            "cores / this many readers per node")

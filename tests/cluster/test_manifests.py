@@ -336,3 +336,23 @@ def test_the_pipeline_sets_the_sizing_knobs_and_a_kcl_lease_table() -> None:
         pipeline.parse_args(["--lease-table", "t"], env)  # a KCL table and a lease table: which one?
     with pytest.raises(SystemExit):
         pipeline.parse_args(["--create-lease-table"], env)  # a KCL table is never created
+
+
+def test_one_sizing_rule_in_the_guide_the_cluster_readme_and_the_pipeline_help() -> None:
+    """docs/production.md, cluster/README.md and ``pipeline.py --help`` give the same rule: per-MB
+    and per-request cost, half a core per reader; the older per-MB-only rules are gone."""
+    import contextlib
+    import io
+
+    pipeline = import_pipeline()
+    help_text = io.StringIO()
+    with contextlib.redirect_stdout(help_text), pytest.raises(SystemExit):
+        pipeline.parse_args(["--help"], {})
+    texts = {"docs/production.md": (REPO / "docs" / "production.md").read_text(),
+             "cluster/README.md": (CLUSTER / "README.md").read_text(),
+             "pipeline.py --help": " ".join(help_text.getvalue().split())}
+    for where, text in texts.items():
+        flat = " ".join(text.split())
+        assert "0.0087" in flat and "0.001" in flat and "<= 0.5" in flat, where  # per MB, per request, half a core
+        assert "reader_target_cpu" in flat, where  # what load placement does by itself
+        assert "0.10 <= 1" not in flat and "57 / b" not in flat, where
