@@ -12,7 +12,7 @@ from .aws import AwsSettings
 from .backoff import Backoff, Retry
 from .config import validate_stream_name
 from .connection import ConnectionState
-from .errors import InvalidError, KinesisError, is_throttling, translate_aws_error
+from .errors import InvalidError, KinesisError, NotConnectedError, is_throttling, translate_aws_error
 
 __all__ = ["Publisher", "PutResult", "MAX_RECORD_BYTES", "MAX_REQUEST_BYTES", "MAX_REQUEST_RECORDS", "PUT_BACKOFF"]
 
@@ -122,6 +122,26 @@ class Publisher:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_publisher, (self.stream, self._state.require(), self._max_attempts))
+
+    def check_connected(self, role: str = "publisher") -> None:
+        """Raise unless this publisher's broker is connected now (no AWS call).
+
+        A publisher taken before ``connect()`` shares its broker's connection, so it passes
+        once that broker is connected. ``subscribe()`` calls this on its ``dead_letter``
+        publisher before any AWS call and before the publisher is pickled for the readers.
+
+        Args:
+            role: what the publisher is to the caller, for the message (``"dead_letter"``).
+
+        Raises:
+            NotConnectedError: its broker is not connected yet, or was shut down; the message
+                names the publisher's stream and ``role``.
+        """
+        try:
+            self._state.require()
+        except NotConnectedError as e:
+            raise NotConnectedError(f"{role} {self!r} cannot publish: {e} (connect() the broker it was taken "
+                                    "from, or take it from a connected broker)") from None
 
     def __repr__(self) -> str:
         return f"Publisher({self.stream!r})"

@@ -275,3 +275,13 @@ def test_a_live_kcl_worker_fails_the_subscription() -> None:
         await core.close()
 
     asyncio.run(scenario())
+
+
+def test_kcl_fleet_live_error_is_exported_from_the_package() -> None:
+    """Users catch it from the package, as they catch every error of the family."""
+    import kinesis_actors
+    from kinesis_actors import KclFleetLiveError, LeaseStoreError
+    from kinesis_actors.leases.kcl import KclFleetLiveError as defined
+
+    assert KclFleetLiveError is defined and "KclFleetLiveError" in kinesis_actors.__all__
+    assert issubclass(KclFleetLiveError, LeaseStoreError)
