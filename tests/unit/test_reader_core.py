@@ -168,7 +168,7 @@ def test_lost_lease_stops_the_reader_and_it_writes_nothing_more() -> None:
         # another owner takes the row (as after an expiry elsewhere)
         thief = store.peer()
         row = thief.get(STREAM, SHARD)
-        stolen = thief._update(row.key, row.owner, row.counter, {"lease_owner": "thief", "lease_counter": row.counter + 1})
+        stolen = thief.rows.update(row.key, row.owner, row.counter, {"lease_owner": "thief", "lease_counter": row.counter + 1})
         assert stolen is not None
         shard.add(5)
         return await finish(clock, task, 3.0)
@@ -307,7 +307,7 @@ def test_a_reader_resumed_after_a_pause_delivers_nothing_once_fenced() -> None:
         if out["Records"] and int(out["Records"][0]["SequenceNumber"]) > 3:  # the batch after the first
             thief = store.peer()
             row = thief.get(STREAM, SHARD)
-            assert thief._update(row.key, row.owner, row.counter,
+            assert thief.rows.update(row.key, row.owner, row.counter,
                                  {"lease_owner": "thief", "lease_counter": row.counter + 1}) is not None
             clock.advance(5.0)  # the pause: five lease durations pass at once
         return out
