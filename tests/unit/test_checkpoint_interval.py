@@ -159,4 +159,5 @@ def test_shard_end_is_written_even_within_the_interval() -> None:
 def test_the_interval_is_validated_before_any_aws_call(bad: Any) -> None:
     with pytest.raises(InvalidError, match="min_checkpoint_interval_s"):
         KinesisStream("s", min_checkpoint_interval_s=bad)
-    assert KinesisStream("s").min_checkpoint_interval_s == 0.0
+    assert KinesisStream("s").min_checkpoint_interval_s is None  # the default: with the renewals
+    assert KinesisStream("s", min_checkpoint_interval_s=0).min_checkpoint_interval_s == 0
