@@ -289,8 +289,9 @@ class LeaseKeeper:
         """Renew every ``renew_interval_s`` after the last successful write while the loop is
         alive, until the lease is lost, each on the grid of :func:`renewal_slot`. The first
         renewal is spread over half an interval, so consumers opened together do not renew in
-        one burst forever after (they share slots, not one instant). A failing renewal is
-        retried by :meth:`retried` until the lease is in doubt."""
+        one burst forever after (they share slots, not one instant). A checkpoint written in
+        the meantime renews the lease (it raises the counter), so the renewal then waits for its
+        new due time. A failing renewal is retried by :meth:`retried` until the lease is in doubt."""
         spec = self.spec
         first = True
         while self.lost is None:
@@ -300,6 +301,8 @@ class LeaseKeeper:
                 first = False
             await self._sleep(max(0.0, renewal_slot(due, spec.renew_interval_s) - self._clock()))
             now = self._clock()
+            if renewal_slot(self._last_write + spec.renew_interval_s, spec.renew_interval_s) > now + 1e-9:
+                continue  # a checkpoint written meanwhile renewed the lease: the next renewal is due later
             silent = now - self.last_sign_of_life()
             if silent > spec.lease_duration_s:  # the loop is stuck (a hung call): let the lease lapse
                 log.warning("shard %s: read loop silent for %.1f s; not renewing", spec.shard_id, silent)
