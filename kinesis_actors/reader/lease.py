@@ -288,8 +288,9 @@ class LeaseKeeper:
     async def renew_loop(self) -> None:
         """Renew every ``renew_interval_s`` after the last successful write while the loop is
         alive, until the lease is lost, each on the grid of :func:`renewal_slot`. The first
-        renewal is spread over half an interval, so consumers opened together do not renew in
-        one burst forever after (they share slots, not one instant). A checkpoint written in
+        renewal comes between half an interval and one interval after the take, spread, so
+        consumers opened together do not renew in one burst forever after (they share slots,
+        not one instant), and no two writes are ever more than an interval (plus a slot) apart. A checkpoint written in
         the meantime renews the lease (it raises the counter), so the renewal then waits for its
         new due time. A failing renewal is retried by :meth:`retried` until the lease is in doubt."""
         spec = self.spec
@@ -297,7 +298,7 @@ class LeaseKeeper:
         while self.lost is None:
             due = self._last_write + spec.renew_interval_s
             if first:
-                due += self._rng() * spec.renew_interval_s / 2
+                due -= self._rng() * spec.renew_interval_s / 2
                 first = False
             await self._sleep(max(0.0, renewal_slot(due, spec.renew_interval_s) - self._clock()))
             now = self._clock()
