@@ -96,7 +96,7 @@ def test_by_default_a_loaded_shard_costs_one_write_per_renew_interval_and_trails
     for sid, writes in out["written"].items():
         assert out["batches"][sid] >= RUN_S / POLL_S * 0.9, "every poll returned a batch"
         assert writes / intervals <= 1.1, f"{sid}: {writes} writes in {intervals:.0f} renew intervals"
-        assert writes / intervals >= 0.9, f"{sid}: the lease was not renewed ({writes} writes)"
+        assert writes / intervals >= 0.8, f"{sid}: the lease was not renewed ({writes} writes)"
         # what a failure would redeliver: the records acknowledged since the last write,
         # at most one renew interval of them (plus the renewal grid's slot and one poll)
         assert out["trail"][sid] <= RATE_PER_S * (RENEW_S + 0.25 + POLL_S), out["trail"]
