@@ -358,9 +358,10 @@ class KclLeaseStore(LeaseRules):
     The constructor does no I/O; :meth:`open` (the broker's ``connect()``) checks the table.
     Our fencing (owner + counter) is KCL's own: ``leaseOwner`` (``checkpointOwner`` during a
     KCL 3.x handoff) + ``leaseCounter``. Rows are written as KCL writes them (see
-    :mod:`~kinesis_actors.leases.kcl_update`); a checkpoint is KCL's checkpoint write, which
-    raises ``leaseCounter`` and so renews the lease in the same ``UpdateItem``, as KCL's own
-    renewer accepts. Sentinel checkpoints are read as KCL reads them: ``TRIM_HORIZON`` (and
+    :mod:`~kinesis_actors.leases.kcl_update`). A KCL worker renews and checkpoints in separate
+    writes; a checkpoint riding a renewal is ONE ``UpdateItem`` here, with KCL's names: KCL's own
+    checkpoint write (``setCheckpoint`` through ``updateLease``) already raises ``leaseCounter``,
+    which is all a KCL reader of the row takes for a renewal. Sentinel checkpoints are read as KCL reads them: ``TRIM_HORIZON`` (and
     ``AT_TIMESTAMP``, whose timestamp is KCL's configuration) resumes at the oldest record and
     ``LATEST`` at the tip (resolved once, at the take, into ``AT_TIMESTAMP`` of that moment),
     whatever the subscription's ``start_at`` says. KPL sub-sequence checkpoints resume inside
