@@ -361,11 +361,11 @@ class KclLeaseStore(LeaseRules):
     :mod:`~kinesis_actors.leases.kcl_update`). A KCL worker renews and checkpoints in separate
     writes; a checkpoint riding a renewal is ONE ``UpdateItem`` here, with KCL's names: KCL's own
     checkpoint write (``setCheckpoint`` through ``updateLease``) already raises ``leaseCounter``,
-    which is all a KCL reader of the row takes for a renewal. Sentinel checkpoints are read as KCL reads them: ``TRIM_HORIZON`` (and
-    ``AT_TIMESTAMP``, whose timestamp is KCL's configuration) resumes at the oldest record and
-    ``LATEST`` at the tip (resolved once, at the take, into ``AT_TIMESTAMP`` of that moment),
-    whatever the subscription's ``start_at`` says. KPL sub-sequence checkpoints resume inside
-    the aggregate, after the user record.
+    which is all a KCL reader of the row takes for a renewal. Sentinel checkpoints are read as
+    KCL reads them: ``TRIM_HORIZON`` (and ``AT_TIMESTAMP``, whose timestamp is KCL's
+    configuration) resumes at the oldest record and ``LATEST`` at the tip (resolved once, at the
+    take, into ``AT_TIMESTAMP`` of that moment), whatever the subscription's ``start_at`` says.
+    KPL sub-sequence checkpoints resume inside the aggregate, after the user record.
 
     Args:
         application: the KCL application name, which is its lease table's name (KCL's
