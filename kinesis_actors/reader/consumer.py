@@ -400,7 +400,7 @@ class ShardConsumer:
             nonlocal done
             self._count_acked(batch[done:n])
             done = n
-            await self._checkpoint_after(batch[n - 1])
+            await self._checkpoint_after(batch[n - 1], partial=n < len(batch))
 
         await self.delivery.deliver(batch, on_ack)
         self.stats["batches"] += 1
@@ -412,9 +412,10 @@ class ShardConsumer:
         self.stats["bytes"] += nbytes
         return nbytes
 
-    async def _checkpoint_after(self, last: Record) -> None:
-        """``last`` and everything before it is acknowledged: checkpoint it (when due)."""
-        self.checkpoints.acknowledged(last.sequence_number, last.sub_sequence_number)
+    async def _checkpoint_after(self, last: Record, *, partial: bool = False) -> None:
+        """``last`` and everything before it is acknowledged: checkpoint it (when due; at once
+        after a ``partial`` acknowledgement of a batch)."""
+        self.checkpoints.acknowledged(last.sequence_number, last.sub_sequence_number, partial=partial)
         await self.checkpoints.flush(due_only=True)
 
     # ---------------------------------------------------------------- control

@@ -20,6 +20,7 @@ from kinesis_actors import (
     StreamError,
 )
 from kinesis_actors.errors import KinesisError, translate_aws_error
+from kinesis_actors.leases.rows import LocalRows
 from kinesis_actors.publisher import MAX_REQUEST_BYTES, _chunks, _entry
 from kinesis_actors.records import records_from_response
 from kinesis_actors.testing import InProcessLeaseStore as InProcessLeaseStoreBase
@@ -120,21 +121,36 @@ def test_errors_translate_and_pickle() -> None:
 
 
 # ------------------------------------------------------------------ writes that land although they failed
-class _LandsThenFails(InProcessLeaseStoreBase):
-    """The next ``_update`` is applied, then answered as the chosen failure: ``"retry"`` (botocore
-    retried a timed-out UpdateItem whose first attempt landed: the condition now fails) or
+class _LandsThenFailsRows(LocalRows):
+    """The next ``update`` is applied, then answered as the chosen failure: ``"retry"`` (a
+    timed-out UpdateItem whose first attempt landed, retried: the condition now fails) or
     ``"error"`` (the call raised a transient error after the row changed)."""
 
     fail: str | None = None
 
-    def _update(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        new = super()._update(*args, **kwargs)
+    def update(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        new = super().update(*args, **kwargs)
         mode, self.fail = self.fail, None
         if mode == "retry":
             return None
         if mode == "error":
             raise LeaseStoreError("read timeout (injected)", retriable=True)
         return new
+
+
+class _LandsThenFails(InProcessLeaseStoreBase):
+    """An in-process store over :class:`_LandsThenFailsRows`; ``fail`` arms the next update."""
+
+    def __init__(self) -> None:
+        super().__init__(_LandsThenFailsRows())
+
+    @property
+    def fail(self) -> str | None:
+        return self._rows.fail  # type: ignore[attr-defined,no-any-return]
+
+    @fail.setter
+    def fail(self, mode: str | None) -> None:
+        self._rows.fail = mode  # type: ignore[attr-defined]
 
 
 def test_a_renewal_whose_retry_fails_its_condition_after_the_first_attempt_landed_is_kept() -> None:
