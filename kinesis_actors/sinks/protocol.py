@@ -18,6 +18,7 @@ gave up on it.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -148,8 +149,7 @@ def gathering_sink(target: Any) -> GatheringSink | None:
     """``target`` (what was given as ``sink=``) when it is a :class:`GatheringSink` object,
     else None: a Ray actor handle (an :class:`ActorSink`, whose call is the whole delivery),
     pull mode's ``None`` and a plain :class:`Sink` have no window to settle at a close."""
-    import ray
-
-    if target is None or isinstance(target, ray.actor.ActorHandle):
+    actor_module = sys.modules.get("ray.actor")  # not imported: ``target`` cannot be an actor handle
+    if target is None or (actor_module is not None and isinstance(target, actor_module.ActorHandle)):
         return None
     return target if isinstance(target, GatheringSink) else None

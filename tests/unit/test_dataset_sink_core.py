@@ -12,7 +12,9 @@ import pytest
 
 from kinesis_actors.errors import InvalidError, SinkError
 from kinesis_actors.records import Record
+from kinesis_actors.sinks import ActorSink, GatheringSink, Sink
 from kinesis_actors.sinks.dataset import DatasetSink, DatasetSinkCore
+from kinesis_actors.sinks.protocol import gathering_sink
 
 WHEN = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -265,3 +267,22 @@ def test_while_a_write_runs_begin_close_never_tells_the_readers_to_stop_waiting(
 
     asyncio.run(main())
     assert [w.num_rows for w in fn.windows] == [1, 1]
+
+
+def test_the_close_asks_only_gathering_sinks() -> None:
+    class Plain:
+        def deliver(self, records: Any) -> Any: ...
+
+    class Gathering(Plain):
+        def begin_close(self, finish_by_s: float) -> float:
+            return finish_by_s
+
+        def end_close(self) -> int:
+            return 0
+
+    assert issubclass(DatasetSink, GatheringSink)
+    assert gathering_sink(None) is None  # pull mode
+    assert gathering_sink(Plain()) is None and isinstance(Plain(), Sink)
+    assert not issubclass(ActorSink, GatheringSink)  # an actor's call is the whole delivery
+    sink = Gathering()
+    assert gathering_sink(sink) is sink
