@@ -125,6 +125,7 @@ def test_sigterm_mid_run_then_a_second_run_writes_every_record_exactly_once(
             first.kill_session()
         stopped = [e for e in first.events() if e["event"] == "stopped"]
         assert stopped and stopped[-1]["reason"] == "signal" and stopped[-1]["exit_code"] == 0, first.tail()
+        print("first run stopped:", stopped[-1])  # written or dropped at the stop: shown with -s
         rows, checkpoints, newest = checkpoints_and_newest(endpoint, table, stream, out)
         # the rule: everything written is checkpointed (the next run reads none of it again) and released
         assert checkpoints == newest, (checkpoints, newest, stopped[-1])

@@ -237,7 +237,8 @@ def test_ray_job_stop_mid_run_then_a_resubmit_writes_every_record_exactly_once(
         published_then = len(publisher.keys)
         wait_until(lambda: len(publisher.keys) >= published_then + 20, timeout_s=30,
                    what="records arriving into the next window")
-        stop_job(head, first)
+        stopped = [e for e in stop_job(head, first) if e["event"] == "stopped"]
+        print("first job stopped:", stopped[-1])  # written or dropped at the stop: shown with -s
         rows = lease_rows(endpoint, table, stream)
         assert all(r.owner is None for r in rows), rows  # released, not left to expire
         newest: dict[str, int] = {}
