@@ -97,13 +97,16 @@ class KclLeaseStore(DynamoLeaseStore):
     Args:
         application: the KCL application name, which is its lease table's name (KCL's
             default ``tableName``); 3-255 characters of ``[a-zA-Z0-9_.-]``.
-        endpoint / region / test_credentials / session: as for ``DynamoLeaseStore``; unset
-            ones are inherited from the broker.
+        endpoint: as for ``DynamoLeaseStore``; unset, it is inherited from the broker.
+        region: as for ``DynamoLeaseStore``; unset, it is inherited from the broker.
+        test_credentials: as for ``DynamoLeaseStore``; unset, it is inherited from the broker.
+        session: as for ``DynamoLeaseStore``; unset, it is inherited from the broker.
         stream: the stream of a single-stream table (which does not record it), or None to
             bind to the first stream used; another stream then raises ``InvalidError``.
         multi_stream: the table's layout; None detects it at :meth:`open` (rows with
             ``streamName`` make it multi-stream; an empty table is single-stream).
-        clock / wall_clock: monotonic and epoch clocks, seconds.
+        clock: the monotonic clock, seconds.
+        wall_clock: the epoch clock, seconds.
 
     Raises:
         InvalidError: a bad application name or stream name.
