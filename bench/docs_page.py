@@ -147,7 +147,7 @@ def chart_failover(f: dict[str, float]) -> str | None:
     ax.invert_yaxis()
     ax.set_xlabel("seconds (less is better)")
     ax.set_xlim(0, max(max(r[1], r[2]) for r in rows) * 1.2)
-    ax.legend(loc="lower right", frameon=False)
+    ax.legend(loc="upper right", frameon=False)
     return _save(fig, "failover.svg")
 
 
