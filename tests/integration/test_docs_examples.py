@@ -17,7 +17,7 @@ import pytest
 
 from tests.doc_blocks import ROOT, all_blocks
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 # Each block runs in a namespace of its own, in the order of the pages; a failure names the block.
 RUNNER = """

@@ -69,3 +69,18 @@ def test_the_benchmark_page_shows_the_figures_of_the_results_file_and_its_charts
         assert (ROOT / "docs" / chart).stat().st_size > 1000, chart
     for line in readme_figures(RESULTS):
         assert line in page.splitlines()
+
+
+def _all(module_file: str) -> list[str]:
+    tree = ast.parse((ROOT / "kinesis_actors" / module_file).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return [ast.literal_eval(e) for e in node.value.elts]  # type: ignore[attr-defined]
+    raise AssertionError(f"{module_file} has no __all__")
+
+
+def test_the_api_reference_documents_every_public_name() -> None:
+    reference = (ROOT / "docs" / "reference.md").read_text()
+    documented = set(re.findall(r"^::: kinesis_actors(?:\.\w+)*\.(\w+)$", reference, re.MULTILINE))
+    public = {*_all("__init__.py"), *_all("sinks/__init__.py")} - {"__version__"}
+    assert public <= documented, f"add to docs/reference.md: {sorted(public - documented)}"
