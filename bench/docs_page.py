@@ -228,7 +228,25 @@ CHART_FIGURES = {
     chart_failover: [n for _, a, b in FAILOVER for n in (a, b)],
     chart_scale: [f"scale_{n}_{k}" for n in (16, 64, 256, 1000) for k in ("subscribe_s", "all_delivered_s",
                                                                           "uss_total_mib", "uss_per_shard_mib")],
-    chart_delivery: [f"slow_sink_pf{n}_records_per_s" for n in (1, 4, 10)],
+    chart_delivery: [*(f"slow_sink_pf{n}_{k}" for n in (1, 4, 10) for k in ("records_per_s", "steady_records_per_s")),
+                     "poison_records_delivered", "poison_records_dead_lettered", "poison_shard_held_up_s",
+                     "poison_sink_calls_refused", "trickle_batches_per_s", "trickle_p50_ms", "trickle_p99_ms"],
+}
+
+CAPTIONS = {
+    chart_cpu: "CPU seconds of every client process per MB read, in one run of the `peer_kcl_rs` section: 4 shards of "
+               "1 KiB records from `TRIM_HORIZON`. Ours counts every Ray process (readers, Coordinator, sink, driver, "
+               "raylet, GCS), once from the start and once from `subscribe()` returning.",
+    chart_throughput: "Records per second once reading, in the same run. \"8 responses\" counts from the first delivery to "
+                      "the last of a short drain (a start transient); the long drain counts the middle half of a larger "
+                      "one (the steady state).",
+    chart_failover: "Two workers of one application in the same run: the time from a start, a SIGKILL, a graceful stop or "
+                    "a second worker joining to the records flowing again (or the shards split evenly).",
+    chart_scale: "One instance, N shards with a small backlog each, default settings (`scale` section): the time "
+                 "`subscribe()` takes and until every record arrived, and the memory of the readers and the Coordinator.",
+    chart_delivery: "A sink taking 50 ms per batch, 4 shards with a backlog, `max_batch_records=50`, at "
+                    "`parallelization_factor` 1, 4 and 10 (`delivery` section); the table adds a poison record with "
+                    "`bisect_on_error` and a 1 s batching window on a trickle.",
 }
 
 INTRO = """# Benchmarks
@@ -262,7 +280,7 @@ def render(data: dict[str, Any], chaos: dict[str, Any] | None) -> str:
         if path is None:
             missing.append(title)
             continue
-        out += [f"## {title}", "", f"![{alt}]({path})", "", *_figure_table(data, CHART_FIGURES[draw]), ""]
+        out += [f"## {title}", "", CAPTIONS[draw], "", f"![{alt}]({path})", "", *_figure_table(data, CHART_FIGURES[draw]), ""]
     if missing:
         out += ["## Charts left out", "", "`bench/results.json` lacks the figures of: "
                 + "; ".join(missing) + ".", ""]

@@ -1,6 +1,7 @@
 """The built documentation site (``make docs`` -> build/site), served on 127.0.0.1 and opened in headless
-Chromium through Selenium: the home page renders, the API reference documents ``KinesisBroker.connect``,
-every chart of the benchmark page loads, and the search finds "lease". Screenshots go to
+Chromium through Selenium: the home page renders (loading nothing from outside the site), the API
+reference documents ``KinesisBroker.connect``, every chart of the benchmark page loads, and the
+search finds "lease". Screenshots go to
 build/docs-screenshots/ (a CI artifact, not committed).
 
 Chromium and its driver are Debian's ``chromium`` and ``chromium-driver`` (``.ci/run`` installs them);
@@ -83,6 +84,12 @@ def _wait(driver: Any, condition: Any) -> Any:
     return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition)
 
 
+def _offline(driver: Any, site_url: str) -> None:
+    """Every resource the page loaded came from the site itself: no web font, no CDN."""
+    names = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert names and all(n.startswith(site_url) for n in names), [n for n in names if not n.startswith(site_url)]
+
+
 def test_the_home_page_renders(site_url: str, browser: Any) -> None:
     browser.get(f"{site_url}/index.html")
     h1 = _wait(browser, lambda d: d.find_element("css selector", "article h1"))
@@ -90,6 +97,7 @@ def test_the_home_page_renders(site_url: str, browser: Any) -> None:
     assert "kinesis_actors" in browser.title
     nav = [a.get_attribute("textContent").strip() for a in browser.find_elements("css selector", "nav.md-nav a")]
     assert "Getting started" in nav and "API reference" in nav, nav
+    _offline(browser, site_url)
     browser.save_screenshot(str(SHOTS / "home.png"))
 
 
@@ -110,6 +118,7 @@ def test_every_chart_of_the_benchmark_page_loads(site_url: str, browser: Any) ->
         "const imgs = [...document.querySelectorAll(\"article img[src*='assets/bench/']\")];"
         "return imgs.every(i => i.complete) ? imgs.map(i => [i.getAttribute('src'), i.naturalWidth]) : null;"))
     assert all(width > 0 for _, width in loaded), loaded
+    _offline(browser, site_url)
     browser.save_screenshot(str(SHOTS / "benchmarks.png"))
 
 
