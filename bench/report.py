@@ -1,5 +1,5 @@
 """``python -m bench.report [--key] [results.json]``: the Markdown table of a results file (``--key``: the
-figures the README shows). ``python -m bench.report --docs``: the site's benchmark page and its charts
+key figures, as the site's benchmark page shows them). ``python -m bench.report --docs``: the site's benchmark page and its charts
 (``docs/benchmarks.md``, ``docs/assets/bench/``; ``--readme`` prints the README's three figures).
 ``python -m bench.report --chaos [chaos.json]``: the chaos suite's table
 (the repository's reference run; ``make test-chaos`` writes yours to ``build/chaos.json``)."""
