@@ -208,7 +208,7 @@ def readme_figures(data: dict[str, Any]) -> list[str]:
                    f"{fmt(f['kclrs_sigkill_to_survivor_first_record_s'])} s for kcl-rs (same 10 s lease).")
     if _need(f, "ours_cpu_s_per_mb_after_start", "kclrs_matched_cpu_s_per_mb"):
         out.append(f"- **CPU**: {fmt(f['ours_cpu_s_per_mb_after_start'])} CPU s per MB read once subscribed, "
-                   f"against {fmt(f['kclrs_matched_cpu_s_per_mb'])} for kcl-rs.")
+                   f"against {fmt(f['kclrs_matched_cpu_s_per_mb'])} for kcl-rs over its whole run.")
     return out
 
 
