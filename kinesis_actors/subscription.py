@@ -167,7 +167,8 @@ class Subscription:
         written); a ``[]`` acknowledges nothing.
 
         Raises:
-            The subscription's parked error (``SinkError``, ``StreamError``, ``LeaseStoreError``...).
+            KinesisError: the subscription's parked error (``SinkError``, ``StreamError``,
+                ``LeaseStoreError``...).
             InvalidError: in push mode, or after ``close()``.
         """
         import ray
@@ -319,7 +320,7 @@ class Subscription:
         Raises:
             InvalidError: ``timeout_s`` is not a finite number > 0 (checked before anything
                 is stopped or sent).
-            The subscription's parked error, if any, after closing.
+            KinesisError: the subscription's parked error, if any, after closing.
         """
         timeout_s = positive_duration("timeout_s", timeout_s)
         deadline = monotonic_s() + timeout_s
