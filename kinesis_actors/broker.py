@@ -290,12 +290,17 @@ class KinesisBroker:
         start_timeout_s = positive_duration("start_timeout_s", start_timeout_s)
         check_sink_mode(stream, sink)  # bisect / parallelism need a push sink
         check_picklable_filter(stream.record_filter)
-        if sink is not None:
+        table_sink = _table_sink(sink)
+        if sink is not None and table_sink is None:
             from .sinks import as_sink
 
             sink = as_sink(sink, stream.sink_method)
         state = self._state
         aws = state.require()
+        if table_sink is not None:  # before any AWS call: the options it refuses, its catalog
+            from .sinks.tables import check_table_sink
+
+            check_table_sink(stream, table_sink, self._state_extra.get("store"))
         with state.lock:
             if stream.name in state.subscriptions:
                 raise InvalidError(f"this broker already reads stream {stream.name!r}; one subscription per stream")
@@ -303,11 +308,23 @@ class KinesisBroker:
         try:
             ensure_stream(state.client("kinesis"), stream.name, create_shards=stream.create_if_missing)
             self._start_ray()
+            if table_sink is not None:
+                table_sink.start(stream.name)
             sub = Subscription(self, stream, sink, aws=aws, start_timeout_s=start_timeout_s)
         except BaseException:
             with state.lock:
                 state.subscriptions.pop(stream.name, None)
+            if table_sink is not None:
+                table_sink.discard()
             raise
         with state.lock:
             state.subscriptions[stream.name] = sub
         return sub
+
+
+def _table_sink(sink: Any) -> Any:
+    """``sink`` if it is an IcebergSink or DeltaSink (their module is imported only if loaded), else None."""
+    import sys
+
+    tables = sys.modules.get("kinesis_actors.sinks.tables")
+    return sink if tables is not None and tables.is_table_sink(sink) else None
