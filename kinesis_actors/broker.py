@@ -178,9 +178,10 @@ class KinesisBroker:
             log.info("connected: owner id %s, lease store %r", self.owner_id, store)
         return self
 
-    def _start_ray(self) -> None:
+    def _start_ray(self, table_sink: Any = None, stream: str = "") -> None:
         """Start Ray if it is not running (``ray.init()`` with Ray's defaults) and open a lease
-        store that lives in Ray. Called by ``subscribe`` after the stream was checked."""
+        store that lives in Ray; then start ``table_sink``'s committer for ``stream``, if any.
+        Called by ``subscribe`` after the stream was checked."""
         import ray
 
         if not ray.is_initialized():
@@ -189,6 +190,8 @@ class KinesisBroker:
             if not self._state_extra.get("store_opened"):
                 self._state_extra["store"] = self._state_extra["store"].open()
                 self._state_extra["store_opened"] = True
+        if table_sink is not None:
+            table_sink.start(stream)
 
     def __copy__(self) -> KinesisBroker:
         clone = object.__new__(type(self))
@@ -252,6 +255,16 @@ class KinesisBroker:
         """A :class:`SeekHandle` for ``stream``. Raises InvalidError for a malformed name."""
         return SeekHandle(validate_stream_name(stream), self._state)
 
+    def _checked_table_sink(self, stream: KinesisStream, sink: Any) -> Any:
+        """``sink`` if it is a table sink that may serve ``stream`` here (see
+        :func:`~.sinks.tables.check_table_sink`: InvalidError otherwise), None for other sinks."""
+        table_sink = _table_sink(sink)
+        if table_sink is not None:
+            from .sinks.tables import check_table_sink
+
+            check_table_sink(stream, table_sink, self._state_extra.get("store"))
+        return table_sink
+
     def subscribe(self, stream: KinesisStream, sink: Any = None, *, start_timeout_s: float = 120.0) -> Subscription:
         """Open a subscription: validate, ``DescribeStreamSummary`` (or ``CreateStream`` and wait
         up to 60 s), then the Coordinator's first pass. Returns once every shard leased by the
@@ -263,8 +276,8 @@ class KinesisBroker:
             sink: push mode: a Ray actor handle (its ``process_batch(records)``, or
                 ``KinesisStream.sink_method``, is called with each batch; returning is the
                 acknowledgement), or any :class:`~kinesis_actors.sinks.Sink` (an object with
-                ``deliver(records)``, e.g. a ``DatasetSink``). None: pull mode (``next_batch``,
-                iteration).
+                ``deliver(records)``, e.g. a ``DatasetSink``; a table sink). None: pull mode
+                (``next_batch``, iteration).
             start_timeout_s: longest wait for the first pass, seconds (the default covers
                 128 shards on one 2-core node with room to spare).
 
@@ -276,8 +289,8 @@ class KinesisBroker:
         Raises:
             InvalidError: not a KinesisStream, a sink that is neither an actor with the
                 method nor a Sink, ``bisect_on_error`` or ``parallelization_factor > 1`` in pull
-                mode, a ``record_filter`` Ray cannot serialise, or a stream this broker already
-                reads (before any AWS call).
+                mode, a ``record_filter`` Ray cannot serialise, a stream this broker already
+                reads, or what a table sink refuses (``check_table_sink``), before any AWS call.
             NotConnectedError: not connected, or shut down.
             StreamError: the stream does not exist (and ``create_if_missing`` is unset), or
                 authentication failed.
@@ -290,26 +303,17 @@ class KinesisBroker:
         start_timeout_s = positive_duration("start_timeout_s", start_timeout_s)
         check_sink_mode(stream, sink)  # bisect / parallelism need a push sink
         check_picklable_filter(stream.record_filter)
-        table_sink = _table_sink(sink)
-        if sink is not None and table_sink is None:
-            from .sinks import as_sink
-
-            sink = as_sink(sink, stream.sink_method)
+        sink = _sink_of(stream, sink)
         state = self._state
         aws = state.require()
-        if table_sink is not None:  # before any AWS call: the options it refuses, its catalog
-            from .sinks.tables import check_table_sink
-
-            check_table_sink(stream, table_sink, self._state_extra.get("store"))
+        table_sink = self._checked_table_sink(stream, sink)  # before any AWS call
         with state.lock:
             if stream.name in state.subscriptions:
                 raise InvalidError(f"this broker already reads stream {stream.name!r}; one subscription per stream")
             state.subscriptions[stream.name] = None  # type: ignore[assignment]  # reserved
         try:
             ensure_stream(state.client("kinesis"), stream.name, create_shards=stream.create_if_missing)
-            self._start_ray()
-            if table_sink is not None:
-                table_sink.start(stream.name)
+            self._start_ray(table_sink, stream.name)
             sub = Subscription(self, stream, sink, aws=aws, start_timeout_s=start_timeout_s)
         except BaseException:
             with state.lock:
@@ -328,3 +332,12 @@ def _table_sink(sink: Any) -> Any:
 
     tables = sys.modules.get("kinesis_actors.sinks.tables")
     return sink if tables is not None and tables.is_table_sink(sink) else None
+
+
+def _sink_of(stream: KinesisStream, sink: Any) -> Any:
+    """What the readers push to: None (pull mode), a table sink as it is, else :func:`~.sinks.as_sink`."""
+    if sink is None or _table_sink(sink) is not None:
+        return sink
+    from .sinks import as_sink
+
+    return as_sink(sink, stream.sink_method)

@@ -13,8 +13,7 @@ import pytest
 
 from kinesis_actors.errors import LeaseLostError, SinkError
 from kinesis_actors.sinks.tables import ShardKey, TableCommitter, TablePosition
-from tests.unit.table_fixtures import (STREAM, FaultyBackend, commit_positions, make_backend, records, rows_of, scan,
-                                       seq)
+from tests.unit.table_fixtures import STREAM, FaultyBackend, commit_positions, make_backend, records, rows_of, scan, seq
 
 KINDS = ["iceberg", "delta"]
 S0, S1 = ShardKey(STREAM, "shardId-000000000000"), ShardKey(STREAM, "shardId-000000000001")

@@ -261,13 +261,13 @@ class TableCommitter:
                             f"of the rows before ({self._schema}): {e!r:.300}", retriable=False) from e
 
     def _drop_rows(self, held: _Held) -> int:
-        dropped = sum(t.num_rows for t in held.rows)
-        self._staged_bytes -= sum(t.nbytes for t in held.rows)
+        dropped = int(sum(t.num_rows for t in held.rows))
+        self._staged_bytes -= int(sum(t.nbytes for t in held.rows))
         held.rows, held.last = [], None
         return dropped
 
     def _event(self, name: str) -> asyncio.Event:
-        event = getattr(self, name)
+        event: asyncio.Event | None = getattr(self, name)
         if event is None:
             event = asyncio.Event()
             setattr(self, name, event)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
+from typing import Any
 
 from ...leases.protocol import SHARD_END
 from ...records import StartAt
@@ -98,7 +99,7 @@ def decode_positions(properties: Mapping[str, object]) -> dict[ShardKey, TablePo
         if not sep or not stream or not shard_id:
             continue
         try:
-            doc = json.loads(value) if isinstance(value, str) else value
+            doc: Any = json.loads(value) if isinstance(value, str) else value
             counter = int(doc["lease_counter"])
             seq = doc.get("sequence_number")
             sub = doc.get("sub_sequence_number")

@@ -194,8 +194,9 @@ class TableSink:
                          timeout_s: float = 60.0) -> TablePosition | None:
         """Fence the shard for the owner holding ``lease_counter``; see
         :meth:`~.committer.TableCommitter.open_shard` (same errors)."""
-        return await self._committer().open_shard.remote(ShardKey(stream, shard_id), lease_counter,
-                                                         timeout_s)  # type: ignore[no-any-return]
+        position: TablePosition | None = await self._committer().open_shard.remote(
+            ShardKey(stream, shard_id), lease_counter, timeout_s)
+        return position
 
     async def stage(self, records: Sequence[Any], lease_counter: int) -> TablePosition | None:
         """Stage one batch (rows made here, in the reader's process): the acknowledgement.
@@ -205,19 +206,21 @@ class TableSink:
         last = records[-1]
         rows = to_rows(records, self.transform)
         key = ShardKey(last.stream, last.shard_id)
-        return await self._committer().stage.remote(  # type: ignore[no-any-return]
+        position: TablePosition | None = await self._committer().stage.remote(
             key, lease_counter, rows, (last.sequence_number, last.sub_sequence_number))
+        return position
 
     async def flush_shard(self, stream: str, shard_id: str, lease_counter: int, *,
                           timeout_s: float = 10.0) -> TablePosition | None:
         """Commit the shard's staged rows now; see :meth:`~.committer.TableCommitter.flush_shard`."""
-        return await self._committer().flush_shard.remote(ShardKey(stream, shard_id), lease_counter,
-                                                          timeout_s)  # type: ignore[no-any-return]
+        position: TablePosition | None = await self._committer().flush_shard.remote(
+            ShardKey(stream, shard_id), lease_counter, timeout_s)
+        return position
 
     async def release_shard(self, stream: str, shard_id: str, lease_counter: int) -> int:
         """Stop recording the shard; rows not committed are dropped unwritten."""
-        return await self._committer().release_shard.remote(  # type: ignore[no-any-return]
-            ShardKey(stream, shard_id), lease_counter)
+        dropped: int = await self._committer().release_shard.remote(ShardKey(stream, shard_id), lease_counter)
+        return dropped
 
     def deliver(self, records: Sequence[Any]) -> Any:
         """Refused: a table sink needs the shard's lease counter with every batch (:meth:`stage`).
