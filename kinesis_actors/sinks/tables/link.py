@@ -33,7 +33,7 @@ from ...records import StartAt
 from .positions import TablePosition, later, resume_after
 from .sink import TableSink
 
-__all__ = ["ShardTableLink", "is_table_sink"]
+__all__ = ["ShardTableLink", "is_table_sink", "link_for"]
 
 log = logging.getLogger("kinesis_actors.sinks.tables")
 
@@ -128,3 +128,10 @@ class ShardTableLink:
     def _note(self, committed: TablePosition | None) -> None:
         if committed is not None and (self._committed is None or later(committed.point, self._committed.point)):
             self._committed = committed
+
+
+def link_for(deliver: Any, stream: str, shard_id: str, lease_counter: int) -> ShardTableLink | None:
+    """A :class:`ShardTableLink` when ``deliver`` is a table sink's ``deliver`` (the reader's
+    one sink call, bound to the sink), else None."""
+    sink = getattr(deliver, "__self__", None)
+    return ShardTableLink(sink, stream, shard_id, lease_counter) if isinstance(sink, TableSink) else None
