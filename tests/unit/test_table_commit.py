@@ -239,3 +239,19 @@ def test_open_under_an_older_counter_than_the_one_held_is_refused(tmp_path: Path
             await stage(c, S0, 8, 0, 1)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_missing_table_that_may_not_be_created_fails_the_sink_not_retried(kind: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        c = committer(make_backend(kind, tmp_path), create_if_missing=False)
+        await c.open_shard(S0, 1)
+        await stage(c, S0, 1, 0, 3)
+        with pytest.raises(SinkError, match="does not exist") as failed:
+            await c.flush_shard(S0, 1)
+        assert not failed.value.retriable
+        with pytest.raises(SinkError, match="does not exist"):
+            await stage(c, S0, 1, 3, 1)
+
+    asyncio.run(main())
+    assert scan(make_backend(kind, tmp_path)) is None

@@ -236,8 +236,9 @@ class TableCommitter:
         self._raise_if_lost(key, held)
         return held
 
-    @staticmethod
-    def _raise_if_lost(key: ShardKey, held: _Held) -> None:
+    def _raise_if_lost(self, key: ShardKey, held: _Held) -> None:
+        if self._fatal is not None:
+            raise self._fatal
         if held.lost is not None:
             raise LeaseLostError(f"{key}: refused by the table ({held.lost}); a newer owner holds the shard")
 
