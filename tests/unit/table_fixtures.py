@@ -34,13 +34,13 @@ def make_backend(kind: str, tmp: Path) -> TableBackend:
 
 
 def records(shard: str, first: int, n: int, *, stream: str = STREAM) -> list[Record]:
-    """``n`` records of ``shard`` with sequence numbers ``first``.. (56 digits, as Kinesis's), payload = its number."""
+    """``n`` records of ``shard`` with sequence numbers ``first``.. (long decimal strings, as Kinesis's), payload = its number."""
     return [Record(f'{{"n": {i}, "shard": "{shard}"}}'.encode(), f"k{i % 7}", seq(i), None,
                    T0 + dt.timedelta(seconds=i), shard, stream) for i in range(first, first + n)]
 
 
 def seq(i: int) -> str:
-    """The 56-digit sequence number of record ``i``."""
+    """The sequence number of record ``i`` (50 digits)."""
     return str(49_590_000_000_000_000_000_000_000_000_000_000_000_000_000_000_000 + i)
 
 
