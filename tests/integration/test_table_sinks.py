@@ -108,3 +108,36 @@ def test_a_transform_shapes_the_rows_and_the_table_is_created_by_the_first_batch
     sink.close()
     (positions,) = commit_positions(sink.backend())[:1]
     assert list(positions) == [ShardKey(stream, "shardId-000000000000")]
+
+
+@pytest.mark.slow
+def test_two_instances_share_one_table_through_graceful_handoffs_and_write_each_record_once(
+        make_broker: Callable[..., KinesisBroker], unique: str, tmp_path: Path) -> None:
+    """Instance b joins and takes about half of the shards from a by graceful handoff; each
+    instance has its own committer, both commit to one Iceberg table (their commits race in the
+    catalog's compare-and-swap and are retried)."""
+    stream, leases = f"tables-two-{unique}", f"leases-{unique}"
+    a = make_broker(lease_store=DynamoLeaseStore(leases, create_if_missing=True), owner_id="a")
+    b = make_broker(lease_store=DynamoLeaseStore(leases), owner_id="b")
+    config = dict(start_at=StartAt.trim_horizon(), max_shards_per_reader=4, **POLL)
+    sink_a = make_sink("iceberg", tmp_path, commit_interval_s=1.0)
+    sub_a = a.subscribe(KinesisStream(stream, create_if_missing=4, **config), sink=sink_a)
+    sent = publish(a, stream, "a", 200)
+    wait_until(lambda: set(payloads(sink_a)) >= sent, timeout_s=45, what="a's records in the table")
+    sink_b = make_sink("iceberg", tmp_path, commit_interval_s=1.0)
+    sub_b = b.subscribe(KinesisStream(stream, **config), sink=sink_b)
+
+    def held_by_b() -> int:
+        sent.update(publish(a, stream, f"m{len(sent)}", 20))  # records keep coming during the moves
+        return sum(1 for lease in a.lease_store.list(stream) if lease.owner == "b")  # type: ignore[union-attr]
+
+    wait_until(lambda: held_by_b() >= 2, timeout_s=60, interval_s=0.5, what="b holding two shards")
+    sent |= publish(b, stream, "z", 100)
+    wait_until(lambda: set(payloads(sink_a)) >= sent, timeout_s=60, what="every record in the table")
+    got = payloads(sink_a)
+    assert len(got) == len(set(got)) == len(sent), f"{len(got) - len(set(got))} duplicates"
+    sub_b.close()
+    sub_a.close()
+    committed = sink_a.close()["rows_committed"] + sink_b.close()["rows_committed"]
+    assert committed == len(sent)
+    check_checkpoints_behind_table(a, stream, sink_a)
