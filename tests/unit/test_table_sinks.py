@@ -185,3 +185,10 @@ def test_the_link_hands_out_committed_positions_only(tmp_path: Path) -> None:
     asyncio.run(main())
     assert sorted(scan(make_backend("delta", tmp_path)).column("sequence_number").to_pylist()) == [
         seq(i) for i in range(4)]
+
+
+def test_a_catalog_error_never_shows_a_password() -> None:
+    sink = IcebergSink("ka.events", catalog={"type": "sql", "uri": "postgresql+psycopg2://me:s3cret@127.0.0.1:9/db"})
+    with pytest.raises(InvalidError) as failed:
+        sink.validate()
+    assert "s3cret" not in str(failed.value) and "uri=postgresql+psycopg2://127.0.0.1:9/db" in str(failed.value)

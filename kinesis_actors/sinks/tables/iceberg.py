@@ -74,8 +74,23 @@ def load_iceberg_catalog(catalog_name: str, catalog: Mapping[str, Any]) -> Any:
 
 
 def _describe(catalog: Mapping[str, Any]) -> str:
-    shown = {k: v for k, v in catalog.items() if k in ("type", "uri", "warehouse")}  # never credentials
-    return ", ".join(f"{k}={v}" for k, v in shown.items()) or "no type, uri or warehouse"
+    """type, uri and warehouse, with any user and password taken out of the URIs (never a credential)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    shown = []
+    for k in ("type", "uri", "warehouse"):
+        if k not in catalog:
+            continue
+        value = str(catalog[k])
+        try:
+            parts = urlsplit(value)
+            if parts.username or parts.password:
+                host = parts.hostname or ""
+                value = urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
+        except ValueError:
+            value = "<unparsable>"
+        shown.append(f"{k}={value}")
+    return ", ".join(shown) or "no type, uri or warehouse"
 
 
 def _without_commit_retries(table: Any) -> Any:
