@@ -255,3 +255,28 @@ def test_a_missing_table_that_may_not_be_created_fails_the_sink_not_retried(kind
 
     asyncio.run(main())
     assert scan(make_backend(kind, tmp_path)) is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_flush_during_a_round_in_flight_waits_for_that_rounds_rows(kind: str, tmp_path: Path) -> None:
+    import threading
+
+    faulty = FaultyBackend(make_backend(kind, tmp_path))
+    gate = threading.Event()
+
+    async def main() -> None:
+        c = committer(faulty)
+        await c.open_shard(S0, 1)
+        faulty.before_commit = lambda: gate.wait(10)  # the next commit hangs in the catalog
+        await stage(c, S0, 1, 0, 5)
+        c._event("_urgent").set()  # a round starts on its own (the interval elapsed)
+        while not c._in_flight():
+            await asyncio.sleep(0.01)
+        flush = asyncio.ensure_future(c.flush_shard(S0, 1))
+        await asyncio.sleep(0.2)
+        assert not flush.done()  # its rows are in the round in flight: not committed yet
+        gate.set()
+        assert await flush == TablePosition(1, seq(4))
+
+    asyncio.run(main())
+    assert numbers(scan(faulty.inner)) == list(range(5))

@@ -168,7 +168,7 @@ class TableCommitter:
             LeaseLostError / InvalidError: as :meth:`stage`.
         """
         held = self._check(key, lease_counter)
-        if held.rows or held.last is not None or not held.fenced:
+        if held.rows or held.last is not None or not held.fenced or self._in_flight():
             try:
                 await self._await_round(timeout_s, f"flushing {key}")
             except SinkError as e:
@@ -197,7 +197,7 @@ class TableCommitter:
     # ------------------------------------------------------------------ owner's side
     async def flush(self, timeout_s: float = 30.0) -> bool:
         """Commit everything staged now; True when done within ``timeout_s``."""
-        if not any(h.rows or h.last is not None or h.opening for h in self._held.values()):
+        if not self._has_work() and not self._in_flight():
             return True
         try:
             await self._await_round(timeout_s, "flushing")
@@ -310,6 +310,10 @@ class TableCommitter:
                 await asyncio.wait_for(progress.wait(), 1.0)
             except asyncio.TimeoutError:
                 pass
+
+    def _in_flight(self) -> bool:
+        """A round is being committed (its rows are no longer staged, not committed yet)."""
+        return self._done_rounds < self._started_rounds
 
     def _has_work(self) -> bool:
         return any(h.rows or h.last is not None or h.opening for h in self._held.values())

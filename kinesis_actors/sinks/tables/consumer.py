@@ -26,6 +26,11 @@ __all__ = ["TableShardConsumer", "consumer_class"]
 
 log = logging.getLogger("kinesis_actors.reader")
 
+SHARD_END_WAITS = 20
+"""Waits of half a lease duration each for the last commit before ``SHARD_END`` (a slow catalog
+delays the shard's end; only one that stays down that long fails the shard, which is then read
+again from the table's position by its next owner)."""
+
 
 def consumer_class(deliver: Deliver) -> type[ShardConsumer]:
     """:class:`TableShardConsumer` when ``deliver`` is a table sink's, else :class:`ShardConsumer`."""
@@ -85,12 +90,17 @@ class TableShardConsumer(ShardConsumer):
         await self.checkpoints.flush(due_only=True)
 
     async def _finish_table(self, *, shard_end: bool = False) -> None:
-        point = await self.delivery.await_alive(self.table.finish(max(1.0, self.spec.lease_duration_s / 2)))
-        if point is not None:
-            self.checkpoints.acknowledged(*point)
-        if shard_end and not self.table.all_committed:
-            raise SinkError(f"shard {self.spec.shard_id}: its last records are not committed to the table yet",
-                            retriable=True)
+        """Commit now, waiting half a lease duration (the lease is renewed meanwhile); at a shard
+        end up to :data:`SHARD_END_WAITS` such waits, since SHARD_END needs every record committed."""
+        for _ in range(SHARD_END_WAITS if shard_end else 1):
+            point = await self.delivery.await_alive(self.table.finish(max(1.0, self.spec.lease_duration_s / 2)))
+            if point is not None:
+                self.checkpoints.acknowledged(*point)
+            if self.table.all_committed:
+                return
+        if shard_end:
+            raise SinkError(f"shard {self.spec.shard_id}: its last records are not committed to the table after "
+                            f"{SHARD_END_WAITS} waits", retriable=True)
 
     async def _shard_end(self) -> None:
         """Commit every staged record, then ``SHARD_END`` (SinkError if the commit is late)."""
