@@ -267,8 +267,10 @@ def test_a_flush_during_a_round_in_flight_waits_for_that_rounds_rows(kind: str, 
     async def main() -> None:
         c = committer(faulty)
         await c.open_shard(S0, 1)
-        faulty.before_commit = lambda: gate.wait(10)  # the next commit hangs in the catalog
         await stage(c, S0, 1, 0, 5)
+        await c.flush_shard(S0, 1)  # the table exists, the shard is fenced
+        faulty.before_commit = lambda: gate.wait(10)  # the next commit hangs in the catalog
+        await stage(c, S0, 1, 5, 5)
         c._event("_urgent").set()  # a round starts on its own (the interval elapsed)
         while not c._in_flight():
             await asyncio.sleep(0.01)
@@ -276,7 +278,7 @@ def test_a_flush_during_a_round_in_flight_waits_for_that_rounds_rows(kind: str, 
         await asyncio.sleep(0.2)
         assert not flush.done()  # its rows are in the round in flight: not committed yet
         gate.set()
-        assert await flush == TablePosition(1, seq(4))
+        assert await flush == TablePosition(1, seq(9))
 
     asyncio.run(main())
-    assert numbers(scan(faulty.inner)) == list(range(5))
+    assert numbers(scan(faulty.inner)) == list(range(10))
