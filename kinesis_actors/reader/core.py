@@ -123,7 +123,9 @@ class ShardReaderCore:
             if not opened.done():
                 opened.set_result(None)
 
-        consumer = ShardConsumer(spec, lease, self._store, self._deliver, self._kinesis, io=self._io,
+        from ..sinks.tables.consumer import consumer_class  # ShardConsumer, or its table-sink variant
+
+        consumer = consumer_class(self._deliver)(spec, lease, self._store, self._deliver, self._kinesis, io=self._io,
                                  budget=self.budget, clock=self._clock, on_open=on_open, lease_age_s=lease_age_s,
                                  sleep=self._sleep)
         self._consumers[shard_id] = consumer
