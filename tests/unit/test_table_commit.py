@@ -282,3 +282,36 @@ def test_a_flush_during_a_round_in_flight_waits_for_that_rounds_rows(kind: str, 
 
     asyncio.run(main())
     assert numbers(scan(faulty.inner)) == list(range(10))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_close_commits_what_is_staged_at_its_start_and_drops_what_is_staged_after(kind: str,
+                                                                                     tmp_path: Path) -> None:
+    """begin_close commits what was staged (acknowledged) before it; a batch staged after it starts a
+    round at once; rows still staged when the readers have stopped are dropped unwritten, never committed."""
+    backend = make_backend(kind, tmp_path)
+
+    async def main() -> tuple[int, int]:
+        c = committer(backend)  # an hour between rounds: only the close commits
+        await c.open_shard(S0, 3)
+        await c.open_shard(S1, 4)
+        await stage(c, S0, 3, 0, 10)
+        await stage(c, S1, 4, 100, 5)
+        assert await c.begin_close(30.0)
+        assert c.committed(S0, 3) == TablePosition(3, seq(9), None)
+        await stage(c, S0, 3, 10, 2)  # hurried: a round starts without waiting for the interval
+        for _ in range(200):
+            if c.committed(S0, 3) == TablePosition(3, seq(11), None):
+                break
+            await asyncio.sleep(0.05)
+        assert c.committed(S0, 3) == TablePosition(3, seq(11), None)
+        await stage(c, S1, 4, 105, 7)  # staged by a reader stopped before its last commit:
+        dropped = c.drop_staged()  # dropped before the round it asked for could take it (no await between)
+        await c.close()
+        return dropped, c.stats()["staged_bytes"]
+
+    dropped, staged_bytes = asyncio.run(main())
+    assert (dropped, staged_bytes) == (7, 0)
+    table = scan(backend)
+    assert numbers(table, S0.shard_id) == list(range(12))
+    assert numbers(table, S1.shard_id) == list(range(100, 105))  # the 7 dropped rows never became visible

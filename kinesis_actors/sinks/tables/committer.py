@@ -98,6 +98,7 @@ class TableCommitter:
         self._task: asyncio.Task[None] | None = None
         self._last_round_at = clock()
         self._closing = False
+        self._hurry = False  # the subscription is closing: every staged batch starts a round at once
         self._schema: Any = None
         self.counters: dict[str, Any] = {"commits": 0, "rows_committed": 0, "conflicts": 0, "commit_failures": 0,
                                          "shards_refused": 0, "batches_staged": 0, "rows_staged": 0,
@@ -155,8 +156,8 @@ class TableCommitter:
             held.last = last
         self.counters["batches_staged"] += 1
         self._ensure_loop()
-        if self._clock() - self._last_round_at >= self.commit_interval_s:
-            self._event("_urgent").set()  # idle for a whole interval: this batch starts the next round now
+        if self._hurry or self._clock() - self._last_round_at >= self.commit_interval_s:
+            self._event("_urgent").set()  # closing, or idle for a whole interval: this batch starts a round now
         return held.committed
 
     async def flush_shard(self, key: ShardKey, lease_counter: int, *, timeout_s: float = 10.0) -> TablePosition | None:
@@ -205,8 +206,24 @@ class TableCommitter:
         except SinkError:
             return False
 
+    async def begin_close(self, timeout_s: float) -> bool:
+        """The subscription is closing: commit what is staged now (waiting up to ``timeout_s``),
+        and from now on every staged batch starts a round at once. True when done in time."""
+        self._hurry = True
+        return await self.flush(timeout_s)
+
+    def drop_staged(self) -> int:
+        """Drop every shard's staged rows unwritten (their readers stopped without a commit
+        holding them, so no checkpoint passed them); a round already being committed lands.
+        Returns the rows dropped."""
+        dropped = sum(self._drop_rows(held) for held in self._held.values())
+        if dropped:
+            log.info("table %s: %d staged rows dropped unwritten at the close", self.name, dropped)
+        return dropped
+
     async def close(self, timeout_s: float = 30.0) -> bool:
-        """Flush, then stop the commit loop. Returns whether the flush finished in time."""
+        """Flush, then stop the commit loop. Returns whether the flush finished in time
+        (after :meth:`drop_staged`, the flush only waits for a round in flight)."""
         done = await self.flush(timeout_s)
         self._closing = True
         if self._task is not None:

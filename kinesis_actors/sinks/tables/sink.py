@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ...clock import monotonic_s
 from ...errors import InvalidError, KinesisError, SinkError
 from .backend import TableBackend
 from .positions import ShardKey, TablePosition
@@ -95,6 +96,16 @@ def _make_actor_class() -> Any:
 
         async def close(self, timeout_s: float) -> bool:
             return await self.core.close(timeout_s)
+
+        async def begin_close(self, timeout_s: float) -> float:
+            started = monotonic_s()
+            await self.core.begin_close(timeout_s)
+            return monotonic_s() - started
+
+        async def end_close(self, timeout_s: float) -> int:
+            dropped = self.core.drop_staged()
+            await self.core.close(timeout_s)
+            return dropped
 
         async def stats(self) -> dict[str, Any]:
             return self.core.stats()
@@ -239,14 +250,69 @@ class TableSink:
         return bool(ray.get(self._committer().flush.remote(timeout_s), timeout=timeout_s + 30))
 
     def stats(self) -> dict[str, Any]:
-        """The committer's counters (see :meth:`~.committer.TableCommitter.stats`)."""
+        """The committer's counters (see :meth:`~.committer.TableCommitter.stats`); once the
+        committer is stopped, its last counters (``final_stats``).
+
+        Raises:
+            InvalidError: never started. KinesisError: the committer could not be reached.
+        """
         import ray
 
-        stats: dict[str, Any] = ray.get(self._committer().stats.remote(), timeout=30)
+        if self._actor is None and self.final_stats:
+            return self.final_stats
+        try:
+            stats: dict[str, Any] = ray.get(self._committer().stats.remote(), timeout=30)
+        except KinesisError:
+            raise
+        except Exception as e:
+            raise KinesisError(f"{self!r}: the committer's stats could not be read: {e!r:.300}") from e
         return stats
 
+    # ------------------------------------------------------------------ the close rule (GatheringSink)
+    def begin_close(self, finish_by_s: float) -> float:
+        """The subscription is closing (:class:`~kinesis_actors.sinks.GatheringSink`): commit
+        what is staged now, waiting up to half of ``finish_by_s`` seconds, and from now on start
+        a commit for every batch staged, so that each reader's last commit (its close, before
+        its checkpoint and release) is quick.
+
+        Returns:
+            How long the readers may need for their last commit, seconds: twice what this
+            commit took, at least 1 s, at most what is left of ``finish_by_s``; 0.0 when the
+            committer is not running.
+
+        Raises:
+            KinesisError: the committer could not be reached.
+        """
+        import ray
+
+        actor = self._actor
+        if actor is None:
+            return 0.0
+        started = monotonic_s()
+        try:
+            took = float(ray.get(actor.begin_close.remote(finish_by_s / 2), timeout=finish_by_s / 2 + 10))
+        except Exception as e:
+            raise KinesisError(f"{self!r}: the committer could not be told of the close: {e!r:.300}") from e
+        left = max(0.0, finish_by_s - (monotonic_s() - started))
+        return min(left, max(1.0, 2 * took))
+
+    def end_close(self) -> int:
+        """The readers have stopped: drop the rows still staged unwritten (their readers were
+        stopped before a commit held them, so no checkpoint passed them and the shards' next
+        owners read them again), let a commit already running land, stop the committer and
+        keep its last counters (``final_stats``). The sink may then serve a new subscription.
+
+        Returns:
+            The rows dropped (one per record, unless ``transform`` changes that).
+
+        Raises:
+            KinesisError: the committer could not be reached (it is stopped all the same).
+        """
+        return int(self._stop_committer("end_close", lambda actor: actor.end_close.remote(10.0)) or 0)
+
     def close(self, timeout_s: float = 30.0) -> dict[str, Any]:
-        """Commit what is staged, then stop the committer. Idempotent. Close the subscription first.
+        """Commit what is staged, then stop the committer. Idempotent. Close the subscription
+        first (its close already stopped the committer: this then returns its last counters).
 
         Returns:
             The final :meth:`stats` (also kept as ``final_stats``).
@@ -254,23 +320,30 @@ class TableSink:
         Raises:
             KinesisError: the committer could not be reached.
         """
+        done = self._stop_committer("close", lambda actor: actor.close.remote(timeout_s), timeout_s=timeout_s)
+        if done is False:
+            log.warning("%r: rows still staged after %.0f s; they were not committed", self, timeout_s)
+        return self.final_stats
+
+    def _stop_committer(self, what: str, call: Callable[[Any], Any], *, timeout_s: float = 10.0) -> Any:
+        """Run ``call(actor)``, keep the final stats, kill the actor; the call's result (None
+        when the committer was not running)."""
         import ray
 
         actor, self._actor = self._actor, None
         if actor is None:
-            return self.final_stats
+            return None
         try:
-            if not ray.get(actor.close.remote(timeout_s), timeout=timeout_s + 30):
-                log.warning("%r: rows still staged after %.0f s; they were not committed", self, timeout_s)
+            result = ray.get(call(actor), timeout=timeout_s + 30)
             self.final_stats = ray.get(actor.stats.remote(), timeout=30)
         except Exception as e:
-            raise KinesisError(f"{self!r}: closing the committer failed: {e!r:.300}") from e
+            raise KinesisError(f"{self!r}: {what} on the committer failed: {e!r:.300}") from e
         finally:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:
                 pass
-        return self.final_stats
+        return result
 
 
 class IcebergSink(TableSink):
