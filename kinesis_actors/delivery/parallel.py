@@ -26,13 +26,13 @@ import collections
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ..records import Record, seq_key
 from .gather import BatchGatherer
 from .options import DeliveryOptions
 
-__all__ = ["AckTracker", "ShardPipeline"]
+__all__ = ["AckTracker", "ShardPipeline", "Lanes"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,39 @@ class AckTracker:
         self._keys.clear()
         self._records.clear()
         self._acked.clear()
+
+
+class Lanes(Protocol):
+    """What the reader's read loop drives to deliver one shard's records: :class:`ShardPipeline`
+    or :class:`~.engine.OneLane`. The error of a batch is raised by the next :meth:`dispatch`
+    or :meth:`wait`; lanes holding an unraised error are never :attr:`idle`, so a shard's end
+    is never recorded past a batch that failed."""
+
+    @property
+    def idle(self) -> bool:
+        """Nothing held, nothing in flight, every finished batch collected."""
+
+    @property
+    def in_flight(self) -> int:
+        """Batches with the downstream, not yet acknowledged."""
+
+    def add(self, records: Sequence[Record]) -> None:
+        """Hold fetched records (shard order) for delivery."""
+
+    def dispatch(self, *, force: bool = False) -> int:
+        """Start what may start now (``force``: whatever is held, windows aside); how many batches started."""
+
+    def can_fetch(self) -> bool:
+        """True while the next response may be fetched."""
+
+    def due_in(self) -> float | None:
+        """Seconds until held records are due (a window), or None."""
+
+    async def wait(self, timeout_s: float, *, also: asyncio.Future[Any] | None = None) -> None:
+        """Wait until a batch ends, ``also`` ends, or ``timeout_s`` seconds pass."""
+
+    async def cancel(self) -> None:
+        """Cancel the batches in flight and drop what is held."""
 
 
 @dataclasses.dataclass

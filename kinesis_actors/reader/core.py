@@ -6,15 +6,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
+from ..clock import monotonic_s
 from ..errors import InvalidError
 from ..leases.protocol import Lease, LeaseStore
 from ..records import StartAt
 from .consumer import STOP_SLACK_S, ShardConsumer
-from .io import ByteBudget, ReaderIo
+from .io import ReaderIo
+from .reading import ByteBudget
 from .spec import DEFAULT_MAX_BUFFERED_BYTES, Deliver, ReaderSpec, Sleep
 from .states import ConsumerState
 from .timers import wait_all, wait_event
@@ -74,7 +75,7 @@ class ShardReaderCore:
 
     def __init__(self, *, store: LeaseStore, deliver: Deliver, kinesis: Any,
                  max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES, io: ReaderIo | None = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Sleep = asyncio.sleep) -> None:
+                 clock: Callable[[], float] = monotonic_s, sleep: Sleep = asyncio.sleep) -> None:
         self._store = store
         self._deliver = deliver
         self._kinesis = kinesis

@@ -1,19 +1,20 @@
-"""The delivery seam: how a consumer hands one batch downstream (INTERFACES.md item 8).
+"""The delivery seam: the delivery controls of one consumer, wired in one place.
 
-A consumer gives each batch to ONE :class:`BatchDelivery` and checkpoints what it says
-(``on_ack``); the delivery controls (kinesis_actors.delivery: retries and their backoff,
-partial acknowledgement, bisection, record age, filter, dead letters, batching and
-parallel lanes) are wired here and nowhere else.
+:class:`BatchDelivery` builds the consumer's :class:`~kinesis_actors.delivery.DeliveryEngine`
+(retries and their backoff, partial acknowledgement, bisection, record age, filter, dead
+letters) around the consumer's sink call, and its
+:class:`~kinesis_actors.delivery.ShardPipeline` when batches are gathered (parallel lanes,
+a window, a byte limit).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from ..clock import monotonic_s, wall_s
 from ..delivery import DeadLetterWriter, DeliveryEngine, DeliveryResult, ShardPipeline
 from ..delivery.engine import SINK_BACKOFF
 from ..records import Record
@@ -25,8 +26,9 @@ __all__ = ["BatchDelivery", "DeliveryResult", "SINK_BACKOFF"]  # DeliveryResult,
 log = logging.getLogger("kinesis_actors.reader")
 T = TypeVar("T")
 
+
 class BatchDelivery:
-    """Delivers one consumer's batches under the delivery controls (``spec.controls``).
+    """The delivery controls of one consumer (``spec.controls``).
 
     The retry, partial-acknowledgement, bisection, record-age and filter rules are the
     :class:`~kinesis_actors.delivery.DeliveryEngine`'s (retries wait
@@ -34,37 +36,37 @@ class BatchDelivery:
     :class:`~kinesis_actors.delivery.DeadLetterWriter` (one JSON document per record,
     retried until written). With ``parallelization_factor > 1``, a window or a byte limit,
     batches are gathered and delivered by a :class:`~kinesis_actors.delivery.ShardPipeline`
-    (:meth:`pipeline`). While it waits on the sink or on a backoff, ``alive()`` is called at
-    least every ``renew_interval_s / 2`` seconds: a slow or failing downstream keeps the lease.
+    (:meth:`pipeline`). While it waits on a dead-letter write or a backoff, ``alive()`` is
+    called at least every ``renew_interval_s / 2`` seconds.
 
     Args:
         spec: the consumer's :class:`ReaderSpec` (``controls``, ``renew_interval_s``).
-        deliver: the sink's ``async deliver(records)``; returning acknowledges the batch.
+        deliver: the sink call ``async deliver(records)``; returning acknowledges the batch
+            (the consumer's, which confirms its lease first).
         dead_letter: a Publisher (``put_many([(data, partition_key)])``, blocking) or None
             (default: ``spec.controls.dead_letter``).
         run_blocking: ``async run_blocking(fn, *args)``: where the blocking publish runs
             (the reader's Kinesis pool).
-        clock: monotonic seconds. sleep: ``async sleep`` on that clock.
+        clock: monotonic seconds. wall_clock: epoch seconds (record ages, windows).
+        sleep: ``async sleep`` on ``clock``.
         alive: called while waiting (the consumer's heartbeat).
         rng: uniform [0, 1) for the backoff jitter.
         stats: the consumer's stats (the controls' counters go there).
-        confirm: ``async confirm()`` before every sink call (the consumer's lease check).
     """
 
     def __init__(self, spec: ReaderSpec, deliver: Deliver, *, dead_letter: Any = None,
-                 run_blocking: Callable[..., Awaitable[Any]] | None = None, clock: Callable[[], float] = time.monotonic,
-                 sleep: Sleep = asyncio.sleep, alive: Callable[[], None] = lambda: None,
-                 rng: Callable[[], float] | None = None, stats: dict[str, Any] | None = None,
-                 confirm: Callable[[], Awaitable[None]] | None = None) -> None:
+                 run_blocking: Callable[..., Awaitable[Any]] | None = None, clock: Callable[[], float] = monotonic_s,
+                 wall_clock: Callable[[], float] = wall_s, sleep: Sleep = asyncio.sleep,
+                 alive: Callable[[], None] = lambda: None, rng: Callable[[], float] | None = None,
+                 stats: dict[str, Any] | None = None) -> None:
         self.spec = spec
         self.controls = controls = spec.controls
-        self._deliver = deliver
         self._run_blocking = run_blocking if run_blocking is not None else asyncio.to_thread
         self._clock = clock
+        self._wall_clock = wall_clock
         self._sleep = sleep
         self._alive = alive
         self.stats: dict[str, Any] = stats if stats is not None else {}
-        self._confirm = confirm
         publisher = dead_letter if dead_letter is not None else controls.dead_letter
         writer = None
         if publisher is not None:
@@ -72,8 +74,8 @@ class BatchDelivery:
                 await self.await_alive(self._run_blocking(publisher.put_many, items))
 
             writer = DeadLetterWriter(publish, sleep=self.sleep_alive, stats=self.stats, rng=rng)
-        self.engine = DeliveryEngine(controls, self._sink, dead_letters=writer, shard_id=spec.shard_id,
-                                     sleep=self.sleep_alive, wall_clock=time.time, stats=self.stats, rng=rng)
+        self.engine = DeliveryEngine(controls, deliver, dead_letters=writer, shard_id=spec.shard_id,
+                                     sleep=self.sleep_alive, wall_clock=wall_clock, stats=self.stats, rng=rng)
 
     @property
     def failures(self) -> int:
@@ -85,11 +87,6 @@ class BatchDelivery:
         """True when batches go through a :class:`ShardPipeline` (lanes, a window or a byte limit)."""
         c = self.controls
         return c.parallelization_factor > 1 or c.gathers or c.max_batch_bytes is not None
-
-    async def _sink(self, records: Sequence[Record]) -> Any:
-        if self._confirm is not None:
-            await self._confirm()
-        return await self.await_alive(self._deliver(records))
 
     async def deliver(self, batch: Sequence[Record], on_ack: Callable[[int], Awaitable[None]] | None = None
                       ) -> DeliveryResult:
@@ -110,7 +107,7 @@ class BatchDelivery:
                  acked: Callable[[Sequence[Record]], object]) -> ShardPipeline:
         """The lanes of this shard: gather, up to ``parallelization_factor`` batches in flight."""
         return ShardPipeline(self.controls, self.engine.deliver, checkpoint, max_records=self.spec.max_records,
-                             clock=self._clock, acked=acked, stats=self.stats, wall_clock=time.time)
+                             clock=self._clock, acked=acked, stats=self.stats, wall_clock=self._wall_clock)
 
     async def await_alive(self, awaitable: Awaitable[T]) -> T:
         """Await ``awaitable`` while calling ``alive()`` every ``renew_interval_s / 2`` seconds
