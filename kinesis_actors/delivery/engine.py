@@ -6,8 +6,7 @@ clock (record ages) and the sleep are injected, so unit tests drive it without R
 time. The reader's consumer wraps the sink call and the sleep so that waiting on them
 stamps its heartbeat (a slow or failing downstream keeps the lease).
 
-What happens to a batch (each step follows Lambda's event source mapping for Kinesis
-where SPEC is silent):
+What happens to a batch (each step follows Lambda's event source mapping for Kinesis):
 
 1. ``record_filter`` runs on every record; rejected ones are done (acknowledged without
    delivery, counted in ``filtered``).
@@ -31,6 +30,9 @@ Acknowledgement is in order: ``on_ack(n)`` is awaited each time the acknowledged
 the batch grows to ``n`` records, so the consumer checkpoints after record ``n - 1`` and
 never past a record that is not done (delivered, filtered or dead-lettered). A dead letter
 is written before its record counts as done.
+
+:class:`OneLane` hands a shard's batches to the engine one at a time (``parallelization_factor``
+1 without a window or a byte limit); :class:`~.parallel.ShardPipeline` is the N-lane form.
 """
 
 from __future__ import annotations

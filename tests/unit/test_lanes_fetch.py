@@ -1,4 +1,4 @@
-"""The lanes loop fetches in the background (kinesis_actors.reader.lanes): the next
+"""With lanes the read loop fetches in the background (kinesis_actors.reader.consumer): the next
 ``GetRecords`` runs while a round is in flight, and a stop or seek never waits on a fetch
 that waits for the byte budget. Fake clock, inline calls, no Ray."""
 

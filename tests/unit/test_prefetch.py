@@ -1,5 +1,5 @@
 """The one-lane loop fetches the shard's next response while the current one is delivered
-(kinesis_actors.reader.prefetch), and a stop, a seek or shard end never lets a response
+(kinesis_actors.reader.consumer, .reading), and a stop, a seek or shard end never lets a response
 fetched ahead reach the sink or the checkpoint out of turn. Fake clock, inline calls, no Ray."""
 
 from __future__ import annotations
