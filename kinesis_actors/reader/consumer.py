@@ -45,8 +45,6 @@ from typing import Any
 from .. import metrics
 from ..batch import payload_bytes
 from ..clock import monotonic_s, wall_s
-from ..delivery.engine import OneLane
-from ..delivery.parallel import Lanes
 from ..errors import LeaseLostError
 from ..kinesis import Fetched
 from ..leases.protocol import Lease, LeaseStore
@@ -73,13 +71,6 @@ TICK_S = 1.0
 metrics export, seconds at most (half the export interval when that is shorter)."""
 
 _S, _R = ConsumerState, StopReason
-
-
-def _materialize(got: Fetched) -> None:
-    """Build a response's :class:`~kinesis_actors.records.Record` objects (the batch keeps
-    them), in the fetch's pool thread: a :class:`ShardPipeline` splits records by partition
-    key and tracks each one's position."""
-    got.records.records()
 
 
 class ShardConsumer:
@@ -133,14 +124,9 @@ class ShardConsumer:
                                       wall_clock=wall_clock, sleep=sleep, alive=self._alive, stats=self.stats, rng=rng)
         self.checkpoints = CheckpointPacer(self.keeper, spec.min_checkpoint_interval_s, clock=clock,
                                            sleep_alive=self.delivery.sleep_alive, stats=self.stats)
-        gathers = self.delivery.gathers
         self.reading = Reading(spec, self._io, budget, self.keeper, self.stats, clock=clock, sleep=sleep,
-                               interrupted=self._interrupted, alive=self._alive,
-                               prepare=_materialize if gathers else None)
-        self._lanes: Lanes = self.delivery.pipeline(self._checkpoint_after, self._count_acked) if gathers else \
-            OneLane(self.delivery.engine.deliver, self._checkpoint_after, self._count_acked,
-                    size=spec.controls.batch_limit(spec.max_records), refill_below=spec.max_records, sleep=sleep,
-                    stats=self.stats)
+                               interrupted=self._interrupted, alive=self._alive, prepare=self.delivery.prepare)
+        self._lanes = self.delivery.lanes(self._checkpoint_after, self._count_acked, sleep=sleep)
         # (position of the last record, budget bytes) of each fetched response not yet all acknowledged
         self._responses: collections.deque[tuple[tuple[int, int], int]] = collections.deque()
         self._flush_lock = asyncio.Lock()

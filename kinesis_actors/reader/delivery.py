@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from ..clock import monotonic_s, wall_s
-from ..delivery import DeadLetterWriter, DeliveryEngine, DeliveryResult, ShardPipeline
+from ..delivery import DeadLetterWriter, DeliveryEngine, DeliveryResult, Lanes, OneLane, ShardPipeline
 from ..delivery.engine import SINK_BACKOFF
+from ..kinesis import Fetched
 from ..records import Record
 from .spec import Deliver, ReaderSpec, Sleep
 from .timers import wait_first
@@ -25,6 +26,11 @@ __all__ = ["BatchDelivery", "DeliveryResult", "SINK_BACKOFF"]  # DeliveryResult,
 
 log = logging.getLogger("kinesis_actors.reader")
 T = TypeVar("T")
+
+
+def _materialize(got: Fetched) -> None:
+    """Build a response's Record objects (its batch keeps them)."""
+    got.records.records()
 
 
 class BatchDelivery:
@@ -36,7 +42,7 @@ class BatchDelivery:
     :class:`~kinesis_actors.delivery.DeadLetterWriter` (one JSON document per record,
     retried until written). With ``parallelization_factor > 1``, a window or a byte limit,
     batches are gathered and delivered by a :class:`~kinesis_actors.delivery.ShardPipeline`
-    (:meth:`pipeline`). While it waits on a dead-letter write or a backoff, ``alive()`` is
+    (:meth:`lanes`). While it waits on a dead-letter write or a backoff, ``alive()`` is
     called at least every ``renew_interval_s / 2`` seconds.
 
     Args:
@@ -88,26 +94,30 @@ class BatchDelivery:
         c = self.controls
         return c.parallelization_factor > 1 or c.gathers or c.max_batch_bytes is not None
 
-    async def deliver(self, batch: Sequence[Record], on_ack: Callable[[int], Awaitable[None]] | None = None
-                      ) -> DeliveryResult:
-        """Deliver ``batch`` until every record is done (delivered, filtered or dead-lettered).
+    def lanes(self, checkpoint: Callable[[Record], Awaitable[None]], acked: Callable[[Sequence[Record]], object], *,
+              sleep: Sleep) -> Lanes:
+        """The lanes of this shard, which the read loop drives: a :class:`ShardPipeline` when
+        batches are gathered (:attr:`gathers`: up to ``parallelization_factor`` in flight),
+        else a :class:`OneLane` (one batch in flight, at most ``batch_limit`` records).
 
         Args:
-            on_ack: awaited with ``n`` each time records ``[0, n)`` become done (checkpoint them).
-
-        Raises:
-            SinkError: a record given up with no dead-letter stream (it names the shard and
-                sequence number; the cause chained), a filter that raised, a dead letter that
-                cannot be written.
-            asyncio.CancelledError: cancelled; what ``on_ack`` said stands.
+            checkpoint: ``async checkpoint(record)``: every record up to it is acknowledged.
+            acked: called with records once they are acknowledged (the counters).
+            sleep: ``async sleep`` on the injected clock (the lanes' waits).
         """
-        return await self.engine.deliver(batch, on_ack)
+        if self.gathers:
+            return ShardPipeline(self.controls, self.engine.deliver, checkpoint, max_records=self.spec.max_records,
+                                 clock=self._clock, acked=acked, stats=self.stats, wall_clock=self._wall_clock)
+        return OneLane(self.engine.deliver, checkpoint, acked, size=self.controls.batch_limit(self.spec.max_records),
+                       refill_below=self.spec.max_records, sleep=sleep, stats=self.stats)
 
-    def pipeline(self, checkpoint: Callable[[Record], Awaitable[None]],
-                 acked: Callable[[Sequence[Record]], object]) -> ShardPipeline:
-        """The lanes of this shard: gather, up to ``parallelization_factor`` batches in flight."""
-        return ShardPipeline(self.controls, self.engine.deliver, checkpoint, max_records=self.spec.max_records,
-                             clock=self._clock, acked=acked, stats=self.stats, wall_clock=self._wall_clock)
+    @property
+    def prepare(self) -> Callable[[Fetched], object] | None:
+        """What runs on each fetched response in the fetch's pool thread: with gathered batches,
+        building its :class:`~kinesis_actors.records.Record` objects (the pipeline splits
+        records by partition key and tracks each one's position, and the build there does not
+        hold up the other shards' event loop); None with one lane (records stay compact)."""
+        return _materialize if self.gathers else None
 
     async def await_alive(self, awaitable: Awaitable[T]) -> T:
         """Await ``awaitable`` while calling ``alive()`` every ``renew_interval_s / 2`` seconds

@@ -95,7 +95,7 @@ def test_records_are_built_in_the_fetch_thread_not_on_the_event_loop(monkeypatch
     import threading
     import time
 
-    from kinesis_actors.reader import consumer as lanes
+    from kinesis_actors.reader import delivery as lanes
     from kinesis_actors.reader.io import ToThreadIo
 
     built_on: list[int] = []
