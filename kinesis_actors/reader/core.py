@@ -54,10 +54,12 @@ class ShardReaderCore:
     :meth:`add` also says how far a new consumer got (``"processing"``: its first
     iterator is held).
 
-    Per-shard cost in this process: two asyncio tasks (the loop and its renew task), one
+    Per-shard cost in this process: two asyncio tasks (the loop and its renew task), and
+    while records flow one more per fetch ahead and per batch in flight; one
     :class:`~kinesis_actors.kinesis.ShardFetcher` and its stats; no thread and no
     connection of its own (the :class:`ReaderIo` pools are per process), at most one
-    unacknowledged batch, and bytes counted in the process's :class:`ByteBudget`.
+    unacknowledged batch (``parallelization_factor`` with lanes), and bytes counted in the
+    process's :class:`ByteBudget`.
 
     Args:
         store: the lease store (blocking calls).
