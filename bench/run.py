@@ -21,7 +21,7 @@ from .common import Results, ensure_venv, merge_results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SECTIONS = ("throughput", "peer", "latency", "memory", "failover", "scale", "peer_kcl_rs", "efo", "checkpoints",
-            "delivery", "demo")
+            "delivery", "lease_cost", "demo")
 PEER_PACKAGE = "async-kinesis==3.0.1"
 
 DEFAULT = {
@@ -40,6 +40,8 @@ DEFAULT = {
     "kclrs_balance_shards": 8, "kclrs_memory_side_by_side": False,
     "ckpt_rate": 400, "ckpt_seconds": 20.0, "ckpt_intervals": [0, 1, 5],
     "dc_records_per_shard": 40000, "dc_poison_total": 100_000, "dc_trickle_s": 20.0,
+    "lc_idle_shards": 64, "lc_load_shards": 8, "lc_rate_per_shard": 15, "lc_settle_s": 5.0, "lc_window_s": 30.0,
+    "lc_kill_s": 10.0, "lc_intervals": ["default", 0, 10],
 }
 QUICK = {
     "tp_records_per_shard": 500, "tp_record_bytes": 1024, "tp_reps": 1,
@@ -56,6 +58,8 @@ QUICK = {
     "kclrs_balance_shards": 8, "kclrs_memory_side_by_side": True,
     "ckpt_rate": 200, "ckpt_seconds": 4.0, "ckpt_intervals": [0, 1],
     "dc_records_per_shard": 500, "dc_poison_total": 5_000, "dc_trickle_s": 5.0,
+    "lc_idle_shards": 8, "lc_load_shards": 2, "lc_rate_per_shard": 15, "lc_settle_s": 1.0, "lc_window_s": 3.0,
+    "lc_kill_s": 2.0, "lc_intervals": ["default"],
 }
 DEFAULT_TIMINGS = {"lease_duration_s": 10.0, "renew_interval_s": 3.0, "lease_poll_interval_s": 2.0}
 QUICK_TIMINGS = {"lease_duration_s": 2.0, "renew_interval_s": 0.5, "lease_poll_interval_s": 0.5}
@@ -173,13 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         write()  # partial results survive a crash later on
 
     needs_ray = [s for s in sections if s in ("throughput", "latency", "memory", "failover", "scale", "peer_kcl_rs",
-                                              "efo", "checkpoints", "delivery")]
+                                              "efo", "checkpoints", "delivery", "lease_cost")]
     if needs_ray:
         import ray
 
         from kinesis_actors.emulator import Emulator
 
-        from . import checkpoints, delivery, efo, failover, latency, memory, peer_kcl_rs, scale, throughput
+        from . import checkpoints, delivery, efo, failover, latency, lease_cost, memory, peer_kcl_rs, scale, throughput
 
         t = time.monotonic()
         with Emulator() as emu:
@@ -198,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for name, mod in (("throughput", throughput), ("latency", latency), ("memory", memory),
                                   ("failover", failover), ("scale", scale), ("peer_kcl_rs", peer_kcl_rs),
-                                  ("efo", efo), ("checkpoints", checkpoints), ("delivery", delivery)):
+                                  ("efo", efo), ("checkpoints", checkpoints), ("delivery", delivery),
+                                  ("lease_cost", lease_cost)):
                     if name in sections:
                         section(name, mod.run)
             finally:

@@ -25,12 +25,20 @@ leases back at once instead of waiting for them to expire.
 consumer of that name (registered on the first run, reused after; never deregistered by
 the job): the IAM policy's two ``EnhancedFanOut`` statements are then needed.
 
-Sizing knobs (docs/production.md, "Sizing"): ``--max-shards-per-reader``,
+Sizing (docs/production.md, "Sizing"; the same rule as ``--help`` and cluster/README.md): a
+shard costs ``c = MB/s per shard × 0.0087 + requests/s per shard × 0.001`` cores (about 1 ms
+of CPU per ``GetRecords`` or lease-table write); keep ``shards per reader × c <= 0.5`` and
+give the readers ``N × c`` cores. Load placement (``reader_target_cpu``) moves hot shards
+between readers by itself; ``--max-shards-per-reader`` stays a cap.
+Sizing knobs: ``--max-shards-per-reader``,
 ``--reader-num-cpus`` (readers default to ``num_cpus=0``; set it so Ray places no more
 readers on a node than it has cores), ``--min-checkpoint-interval-s``,
 ``--lease-poll-interval-s``; unset, each is the library's default. ``--kcl-application APP``
 (``KA_KCL_APPLICATION``) uses the existing lease table of a KCL application instead of
-``--lease-table`` (:class:`~kinesis_actors.KclLeaseStore`).
+``--lease-table`` (:class:`~kinesis_actors.KclLeaseStore`): it takes over the table of a
+STOPPED KCL fleet (each shard resumes after KCL's checkpoint) and hands it back to a KCL
+fleet started after this job stops; a KCL worker still renewing leases in the table fails
+the job with :class:`~kinesis_actors.KclFleetLiveError` (stop the KCL fleet first).
 
 The sink is a :class:`~kinesis_actors.DatasetSink`: every ``--window-s`` seconds (or
 ``--window-records`` records) the records gathered from the readers become a
@@ -132,8 +140,10 @@ def parse_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None
 
     option("stream", str, "Kinesis stream to read")
     option("lease_table", str, "DynamoDB lease table (this library's layout)")
-    option("kcl_application", str, "instead of --lease-table: the KCL application whose existing lease table "
-           "(named after it) the job shares with KCL workers (KclLeaseStore)", metavar="APP")
+    option("kcl_application", str, "instead of --lease-table: take over the existing lease table (named after "
+           "it) of KCL application APP whose fleet is STOPPED, and hand it back to a KCL fleet started after this "
+           "job stops (KclLeaseStore; each shard resumes after the other side's checkpoint). A live mix is refused: "
+           "a KCL worker renewing leases in the table fails the job with KclFleetLiveError", metavar="APP")
     option("sink", str, "parquet:<path or s3:// URI>, or null")
     option("endpoint", str, "endpoint URL (an emulator); unset for AWS")
     option("region", str, "AWS region (else AWS_REGION / the default chain)")
@@ -149,10 +159,15 @@ def parse_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None
     option("renew_interval_s", float, "lease renewal interval, seconds")
     option("fanout", str, "read with enhanced fan-out through this stream consumer name (SubscribeToShard)",
            metavar="CONSUMER_NAME")
-    option("max_shards_per_reader", int, "most shard leases per ShardReader process (unset: the library's 128); "
-           "keep shards per reader × MB/s per shard × 0.10 <= 1")
+    option("max_shards_per_reader", int, "most shard leases per ShardReader process (unset: the library's 128). "
+           "Sizing rule (docs/production.md, 'Sizing'): a shard costs c = MB/s per shard × 0.0087 + requests/s per "
+           "shard × 0.001 cores (about 1 ms of CPU per GetRecords or lease-table write: up to 5 GetRecords/s on a busy "
+           "shard, 1 renewal per renew interval, plus a checkpoint per batch with --min-checkpoint-interval-s 0); "
+           "keep shards per reader × c <= 0.5 and give the readers N × c cores. With load placement "
+           "(reader_target_cpu, on by default) a reader above its CPU target hands its hottest shard on by itself, "
+           "so this is only a cap")
     option("min_checkpoint_interval_s", float, "shortest time between two checkpoint writes of a shard, seconds "
-           "(unset: 0, one per acknowledged batch)")
+           "(unset: the library's default; 0: one write per acknowledged batch)")
     option("lease_poll_interval_s", float, "seconds between the Coordinator's lease-table scans (unset: 2)")
     option("reader_num_cpus", float, "num_cpus of each ShardReader actor (unset: 0), so Ray places at most "
            "cores / this many readers per node")

@@ -20,6 +20,7 @@ from .errors import (
     StreamError,
 )
 from .leases import SHARD_END, DynamoLeaseStore, KclLeaseStore, Lease, LeaseStore, MemoryLeaseStore
+from .leases.kcl import KclFleetLiveError
 from .publisher import Publisher, PutResult
 from .records import Record, StartAt
 
@@ -49,6 +50,7 @@ __all__ = [
     "LeaseStoreError",
     "SinkError",
     "PartialBatchError",
+    "KclFleetLiveError",
     "read_kinesis",
     "DatasetSink",
     "__version__",

@@ -29,10 +29,9 @@ RECORD_SCHEMA = pa.schema(
 def records_to_table(records: Sequence[Record]) -> pa.Table:
     """Records as one Arrow table with :data:`RECORD_SCHEMA` (one pass per column; a
     :class:`~kinesis_actors.batch.RecordBatch` through its buffers, without building Records)."""
-    from .batch import RecordBatch
-
-    if isinstance(records, RecordBatch):
-        return pa.Table.from_batches([records.to_arrow()], schema=RECORD_SCHEMA)
+    to_arrow = getattr(records, "to_arrow", None)  # a RecordBatch builds its columns from its buffers
+    if to_arrow is not None:
+        return pa.Table.from_batches([to_arrow()], schema=RECORD_SCHEMA)
     return pa.Table.from_arrays(
         [
             pa.array([r.data for r in records], pa.binary()),

@@ -1,8 +1,20 @@
-"""One retry-wait policy for the whole library: capped exponential backoff with full jitter.
+"""One retry policy for the whole library: :class:`Backoff` (capped exponential backoff with
+full jitter) and :class:`Retry` (the attempts of one call paced by it).
 
-Every retry loop (throttled ``GetRecords``, failed subscriptions, ``PutRecords``, a sink
-that raised, a reader that failed to start, a renewal that failed) waits
-:meth:`Backoff.delay_s` between attempts, so the formula lives in one place.
+Every retry (throttled ``GetRecords``, failed subscriptions, ``PutRecords``, a sink that
+raised, dead letters, the control plane, a reader that failed to start, a renewal that
+failed) waits :meth:`Backoff.delay_s` between attempts, so the formula lives in one place;
+a loop that calls until success, a refusal, a number of attempts or a deadline is
+:meth:`Retry.call` (blocking) or :meth:`Retry.call_async`, and a loop with more to do
+between attempts (the delivery engine's partial acknowledgements) asks
+:meth:`Retry.pause_s` whether and how long to wait.
+
+Retries live in one layer. botocore's own retries (``Config(retries={"mode": "standard",
+"max_attempts": n})``, :class:`~kinesis_actors.aws.AwsSettings.max_attempts`, 3 by default:
+throttling, 5xx and connection errors, each retried after its own jittered wait) are turned
+off (``max_attempts=0``) on a client whose caller retries with :class:`Retry`, so one slow
+or throttled call never costs ``(n + 1) x (ours)`` attempts and the caller's deadline holds:
+the readers' Kinesis client, the publisher's and the control plane's calls.
 
 Full jitter is AWS's recommendation ("Exponential Backoff And Jitter", AWS Architecture
 Blog, 2015, also botocore's ``standard`` retry mode): the ``n``-th wait (1-based) is drawn
@@ -13,13 +25,19 @@ hundreds of shard loops in one process can be throttled by the same event.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
+from .clock import Clock, monotonic_s
 from .errors import InvalidError
 
-__all__ = ["Backoff", "THROTTLE_BACKOFF"]
+__all__ = ["Backoff", "THROTTLE_BACKOFF", "Retry"]
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,3 +85,91 @@ class Backoff:
 THROTTLE_BACKOFF = Backoff(base_s=0.4, cap_s=5.0, floor_s=0.2)
 """Kinesis throttling (``ProvisionedThroughputExceededException``, ``LimitExceededException``) and
 failed subscriptions: at least 0.2 s (a shard allows 5 calls per second), at most 5 s."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Retry:
+    """The attempts of one call, paced by a :class:`Backoff`.
+
+    Attributes:
+        backoff: the waits between attempts.
+        max_attempts: attempts in all (the first included), or None for no bound.
+        deadline_s: no retry starts later than this many seconds after the first attempt
+            (on ``clock``), and no wait runs past it; None for no deadline.
+        clock: the monotonic clock the deadline is read on (seconds).
+        rng: uniform in ``[0, 1)``, the jitter (injectable for tests).
+
+    Raises:
+        InvalidError: on creation, ``max_attempts`` below 1 or a negative ``deadline_s``.
+
+    Example:
+        >>> Retry(Backoff(base_s=0.1, cap_s=1.0), max_attempts=2, rng=lambda: 1.0).pause_s(1, started=0.0)
+        0.1
+    """
+
+    backoff: Backoff
+    max_attempts: int | None = None
+    deadline_s: float | None = None
+    clock: Clock = monotonic_s
+    rng: Callable[[], float] = random.random
+
+    def __post_init__(self) -> None:
+        if (self.max_attempts is not None and self.max_attempts < 1) or (self.deadline_s or 0) < 0:
+            raise InvalidError(f"Retry needs max_attempts >= 1 and deadline_s >= 0, got {self!r}")
+
+    def pause_s(self, failed: int, *, started: float) -> float | None:
+        """The wait before the next attempt after ``failed`` failed attempts (1-based), seconds,
+        cut short at the deadline; None when no attempt is left (``max_attempts`` made, or the
+        deadline, counted from ``started`` on ``clock``, passed)."""
+        if self.max_attempts is not None and failed >= self.max_attempts:
+            return None
+        pause = self.backoff.delay_s(failed, rng=self.rng)
+        if self.deadline_s is None:
+            return pause
+        left = started + self.deadline_s - self.clock()
+        return None if left <= 0 else min(pause, left)
+
+    def call(self, fn: Callable[[], T], *, retry_on: Callable[[Exception], bool],
+             on_retry: Callable[[Exception, int, float], None] | None = None,
+             sleep: Callable[[float], object] = time.sleep) -> T:
+        """Call ``fn`` until it returns; retry an error for which ``retry_on`` is true while an
+        attempt is left, after ``on_retry(error, failed, pause_s)`` and ``sleep(pause_s)``
+        (blocking: for the driver, the publisher and the control plane).
+
+        Raises:
+            The last error of ``fn``: one ``retry_on`` refuses, or once no attempt is left.
+        """
+        started, failed = self.clock(), 0
+        while True:
+            try:
+                return fn()
+            except Exception as e:
+                failed += 1
+                pause = self.pause_s(failed, started=started) if retry_on(e) else None
+                if pause is None:
+                    raise
+                if on_retry is not None:
+                    on_retry(e, failed, pause)
+                sleep(pause)
+
+    async def call_async(self, fn: Callable[[], Awaitable[T]], *, retry_on: Callable[[Exception], bool],
+                         on_retry: Callable[[Exception, int, float], None] | None = None,
+                         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> T:
+        """:meth:`call` for a coroutine function, waiting with ``await sleep(pause_s)``;
+        a cancellation is never retried (it is not an ``Exception``).
+
+        Raises:
+            The last error of ``fn``: one ``retry_on`` refuses, or once no attempt is left.
+        """
+        started, failed = self.clock(), 0
+        while True:
+            try:
+                return await fn()
+            except Exception as e:
+                failed += 1
+                pause = self.pause_s(failed, started=started) if retry_on(e) else None
+                if pause is None:
+                    raise
+                if on_retry is not None:
+                    on_retry(e, failed, pause)
+                await sleep(pause)

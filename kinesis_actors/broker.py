@@ -178,17 +178,19 @@ class KinesisBroker:
             log.info("connected: owner id %s, lease store %r", self.owner_id, store)
         return self
 
-    def _start_ray(self) -> None:
-        """Start Ray if it is not running (``ray.init()`` with Ray's defaults) and open a lease
-        store that lives in Ray. Called by ``subscribe`` after the stream was checked."""
-        import ray
+    def _start_ray(self, timeout_s: float) -> float:
+        """Start Ray if it is not running (``ray.init()`` with Ray's defaults, at most ``timeout_s``
+        seconds: :func:`~kinesis_actors.ray_start.start_ray`) and open a lease store that lives in
+        Ray. Called by ``subscribe`` after the stream was checked. Returns the seconds Ray's start
+        took; raises ``StartError`` (saying what Ray was doing) when it took longer."""
+        from .ray_start import start_ray
 
-        if not ray.is_initialized():
-            ray.init(configure_logging=False)
+        spent = start_ray(timeout_s)
         with self._state.lock:
             if not self._state_extra.get("store_opened"):
                 self._state_extra["store"] = self._state_extra["store"].open()
                 self._state_extra["store_opened"] = True
+        return spent
 
     def __copy__(self) -> KinesisBroker:
         clone = object.__new__(type(self))
@@ -237,7 +239,8 @@ class KinesisBroker:
         """
         from .fanout import deregister_stream_consumer
 
-        return deregister_stream_consumer(self._state.client("kinesis"), validate_stream_name(stream), consumer_name)
+        return deregister_stream_consumer(self._state.client("kinesis", max_attempts=0), validate_stream_name(stream),
+                                          consumer_name)
 
     # ------------------------------------------------------------------ handles
     def publisher(self, stream: str) -> Publisher:
@@ -265,8 +268,9 @@ class KinesisBroker:
                 acknowledgement), or any :class:`~kinesis_actors.sinks.Sink` (an object with
                 ``deliver(records)``, e.g. a ``DatasetSink``). None: pull mode (``next_batch``,
                 iteration).
-            start_timeout_s: longest wait for the first pass, seconds (the default covers
-                128 shards on one 2-core node with room to spare).
+            start_timeout_s: longest wait, seconds, for Ray's start (when this call starts
+                it) and the first pass together (the default covers 128 shards on one 2-core
+                node with room to spare).
 
         Returns:
             The :class:`Subscription`. An error of the first pass other than a start
@@ -278,22 +282,19 @@ class KinesisBroker:
                 method nor a Sink, ``bisect_on_error`` or ``parallelization_factor > 1`` in pull
                 mode, a ``record_filter`` Ray cannot serialise, or a stream this broker already
                 reads (before any AWS call).
-            NotConnectedError: not connected, or shut down.
+            NotConnectedError: not connected, or shut down; or the ``dead_letter`` publisher's
+                broker is not connected (checked before any AWS call, naming that publisher).
             StreamError: the stream does not exist (and ``create_if_missing`` is unset), or
                 authentication failed.
-            StartError: not every shard leased by the first pass was open within
+            StartError: Ray did not start within ``start_timeout_s`` or its start failed
+                (the message says what ``ray.init()`` was doing: connecting to the cluster
+                named by ``RAY_ADDRESS`` or by a ``ray start`` address file, or starting a
+                local Ray); or not every shard leased by the first pass was open within
                 ``start_timeout_s`` (readers slow or failing to start); the message says
                 how many were and why. The leases taken are released.
         """
-        if not isinstance(stream, KinesisStream):
-            raise InvalidError(f"subscribe() takes a KinesisStream, got {stream!r}")
         start_timeout_s = positive_duration("start_timeout_s", start_timeout_s)
-        check_sink_mode(stream, sink)  # bisect / parallelism need a push sink
-        check_picklable_filter(stream.record_filter)
-        if sink is not None:
-            from .sinks import as_sink
-
-            sink = as_sink(sink, stream.sink_method)
+        sink = _checked_arguments(stream, sink)
         state = self._state
         aws = state.require()
         with state.lock:
@@ -301,9 +302,9 @@ class KinesisBroker:
                 raise InvalidError(f"this broker already reads stream {stream.name!r}; one subscription per stream")
             state.subscriptions[stream.name] = None  # type: ignore[assignment]  # reserved
         try:
-            ensure_stream(state.client("kinesis"), stream.name, create_shards=stream.create_if_missing)
-            self._start_ray()
-            sub = Subscription(self, stream, sink, aws=aws, start_timeout_s=start_timeout_s)
+            ensure_stream(state.client("kinesis", max_attempts=0), stream.name, create_shards=stream.create_if_missing)
+            ray_start_s = self._start_ray(start_timeout_s)
+            sub = Subscription(self, stream, sink, aws=aws, start_timeout_s=max(start_timeout_s - ray_start_s, 0.001))
         except BaseException:
             with state.lock:
                 state.subscriptions.pop(stream.name, None)
@@ -311,3 +312,26 @@ class KinesisBroker:
         with state.lock:
             state.subscriptions[stream.name] = sub
         return sub
+
+
+def _checked_arguments(stream: KinesisStream, sink: Any) -> Any:
+    """``subscribe()``'s checks that make no AWS call, in order; returns the sink to use.
+
+    The dead-letter publisher is checked before the record filter and the sink, whose checks
+    pickle them, and so before the publisher itself could be pickled for the readers.
+
+    Raises:
+        InvalidError: as ``subscribe()`` says. NotConnectedError: the dead-letter publisher's
+            broker is not connected, or was shut down.
+    """
+    if not isinstance(stream, KinesisStream):
+        raise InvalidError(f"subscribe() takes a KinesisStream, got {stream!r}")
+    check_sink_mode(stream, sink)  # bisect / parallelism need a push sink
+    if isinstance(stream.dead_letter, Publisher):
+        stream.dead_letter.check_connected(f"the dead-letter publisher (dead_letter=) of stream {stream.name!r}:")
+    check_picklable_filter(stream.record_filter)
+    if sink is None:
+        return None
+    from .sinks import as_sink
+
+    return as_sink(sink, stream.sink_method)

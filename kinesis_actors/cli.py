@@ -13,12 +13,12 @@ import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import click
 
+from .clock import monotonic_s
 from .console import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -195,13 +195,13 @@ def publish(stream: str, path: str, key: str, endpoint: str | None, region: str 
                                      test_credentials=target.test_credentials)
 
     total_bytes = sum(len(d) for d, _ in items)
-    started = time.monotonic()
+    started = monotonic_s()
     with progress_display(len(items), "publish", "rec", enabled=progress) as bar:
         for i in range(0, len(items), MAX_REQUEST_RECORDS):
             chunk = items[i : i + MAX_REQUEST_RECORDS]
             publisher.put_many(chunk)
             bar.update(len(chunk))
-    took = time.monotonic() - started
+    took = monotonic_s() - started
     click.echo(f"published {len(items)} records ({total_bytes} bytes) to {stream} in {took:.2f} s "
                f"({rate(len(items), took):.0f} records/s)")  # fmt: skip
 

@@ -136,15 +136,19 @@ class KinesisStream:
             (``RegisterStreamConsumer``), else reused, and shared by every reader and
             instance of the application. Closing never deregisters it
             (``KinesisBroker.deregister_stream_consumer`` does).
-        min_checkpoint_interval_s: shortest time between two checkpoint writes of one
-            shard, seconds (0.0). 0 writes a checkpoint (one conditional ``UpdateItem``)
-            after every acknowledged batch (with ``parallelization_factor`` above 1, after
-            every acknowledged round of batches, and after a partial acknowledgement). Above 0
-            a shard writes at most one checkpoint per interval, of its last acknowledged
-            record, and always one on close, on a handoff and at ``SHARD_END``. Invariant
-            10 then widens: a failure redelivers the records acknowledged since the
-            shard's last checkpoint (at most this interval, plus one idle wait, of
-            acknowledged batches) plus the batch in flight.
+        min_checkpoint_interval_s: when a shard's checkpoint is written, seconds or None
+            (None). None writes the last acknowledged position with the lease's next
+            renewal, in the same conditional ``UpdateItem`` (a checkpoint write raises the
+            lease counter, so it IS the renewal): the lease table costs what the renewals
+            cost, one write per shard per ``renew_interval_s``, as KCL's renewals do. 0
+            writes one after every acknowledged batch (with ``parallelization_factor``
+            above 1, after every acknowledged round of batches). Above 0 a shard writes at
+            most one per interval. Every mode also writes at once on close, on a handoff,
+            at ``SHARD_END``, at a seek and after a partial acknowledgement. A failure
+            redelivers the records acknowledged since the shard's last checkpoint write
+            plus the batch in flight: with None, at most one renew interval of
+            acknowledged records; with 0, the batch in flight only; above 0, at most the
+            interval (plus one idle wait).
         max_batch_records: most records per delivered batch, 1..10,000 (None: one
             ``GetRecords`` response, at most ``max_records``, per batch); Lambda's ``BatchSize``.
         max_batch_bytes: most bytes (payload + partition key) per batch (None: no limit);
@@ -196,7 +200,7 @@ class KinesisStream:
     dead_letter: Any = None
     retrieval: str = "polling"
     consumer_name: str | None = None
-    min_checkpoint_interval_s: float = 0.0
+    min_checkpoint_interval_s: float | None = None
     max_batch_records: int | None = None
     max_batch_bytes: int | None = None
     batch_window_s: float = 0.0
@@ -222,7 +226,8 @@ class KinesisStream:
         if self.max_idle_wait_s < self.idle_wait_s:
             raise InvalidError(f"max_idle_wait_s ({self.max_idle_wait_s}) must be at least "
                                f"idle_wait_s ({self.idle_wait_s})")
-        _non_negative_duration("min_checkpoint_interval_s", self.min_checkpoint_interval_s)
+        if self.min_checkpoint_interval_s is not None:
+            _non_negative_duration("min_checkpoint_interval_s", self.min_checkpoint_interval_s)
         _positive_int("max_shards_per_reader", self.max_shards_per_reader)
         _positive_int("max_buffered_bytes", self.max_buffered_bytes)
         _positive_int("max_leases", self.max_leases, allow_none=True)

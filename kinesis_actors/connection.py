@@ -54,15 +54,22 @@ class ConnectionState:
             raise NotConnectedError("the broker is not connected yet: call connect() first")
         return self.aws
 
-    def client(self, service: str) -> Any:
+    def client(self, service: str, *, max_attempts: int | None = None) -> Any:
         """The process's boto3 client for ``service`` on this connection (built once, lazily).
+
+        Args:
+            service: ``"kinesis"`` or ``"dynamodb"``.
+            max_attempts: botocore's retries (``AwsSettings.max_attempts`` when None); 0 for a
+                caller that retries itself (:class:`~kinesis_actors.backoff.Retry`), so retries
+                stay in one layer. One client is kept per value.
 
         Raises:
             NotConnectedError: before ``connect()`` or after ``shutdown()``.
         """
         aws = self.require()
+        key = service if max_attempts is None else f"{service}/{max_attempts}"
         with self.lock:
-            client = self._clients.get(service)
+            client = self._clients.get(key)
             if client is None:
-                client = self._clients[service] = aws.client(service)
+                client = self._clients[key] = aws.client(service, max_attempts=max_attempts)
             return client

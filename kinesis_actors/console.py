@@ -16,12 +16,13 @@ import signal
 import socket
 import sys
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
 import click
+
+from .clock import monotonic_s
 
 __all__ = ["PROG", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED", "CliError", "Target", "configure_ray_env",
            "start_ray", "resolve_target", "check_endpoint_url", "check_reachable", "check_service", "aws_call",
@@ -239,16 +240,16 @@ class _Lines:
         self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
         self.n = 0
         self.postfix = ""
-        self._last = time.monotonic()
+        self._last = monotonic_s()
 
     def _line(self) -> None:
         extra = f", {self.postfix}" if self.postfix else ""
         click.echo(f"{self.desc}: {self.n}/{self.total} {self.unit}{extra}", err=True)
-        self._last = time.monotonic()
+        self._last = monotonic_s()
 
     def update(self, n: int) -> None:
         self.n += n
-        if time.monotonic() - self._last >= self.every_s:
+        if monotonic_s() - self._last >= self.every_s:
             self._line()
 
     def set_postfix_str(self, text: str, refresh: bool = True) -> None:

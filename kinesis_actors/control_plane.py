@@ -1,8 +1,8 @@
 """The Kinesis control plane: ``DescribeStreamSummary``, ``CreateStream``, ``ListShards``.
 
-Control-plane throttling (``LimitExceededException``) is retried by botocore's standard
-retry mode and then here with full jitter (:data:`CONTROL_PLANE_BACKOFF`) until the
-caller's deadline; these calls are blocking (``time.sleep``), for the driver, the
+Control-plane throttling (``LimitExceededException``) and transient errors are retried
+here, in one layer, with full jitter (:data:`CONTROL_PLANE_BACKOFF`) until the caller's
+deadline (:func:`call_with_retry`); these calls are blocking (``time.sleep``), for the driver, the
 Coordinator's threads and read-task planning. Errors leave through
 :func:`~kinesis_actors.errors.translate_aws_error`. Everything here is re-exported by
 :mod:`kinesis_actors.kinesis`.
@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .backoff import Backoff
-from .errors import KinesisError, StreamError, is_throttling, is_unreachable, translate_aws_error
+from .backoff import Backoff, Retry
+from .clock import Clock, monotonic_s
+from .errors import KinesisError, StreamError, aws_error_code, is_throttling, is_unreachable, translate_aws_error
 
 __all__ = ["ShardInfo", "describe_stream", "ensure_stream", "list_shards", "call_with_retry", "CONTROL_PLANE_BACKOFF"]
 
@@ -69,33 +70,38 @@ class ShardInfo:
 
 
 def call_with_retry(fn: Callable[[], T], *, operation: str, resource: str, deadline_s: float = 30.0,
-                    backoff: Backoff | None = None) -> T:
-    """Call ``fn`` and retry throttling/transient errors with full-jitter backoff until ``deadline_s``.
+                    backoff: Backoff | None = None, clock: Clock | None = None,
+                    sleep: Callable[[float], object] | None = None) -> T:
+    """Call ``fn`` and retry throttling and transient errors with full-jitter backoff until ``deadline_s``.
 
     The ``n``-th wait is ``backoff.delay_s(n)`` (default :data:`CONTROL_PLANE_BACKOFF`, read
-    at each call), cut short at the deadline; blocking (``time.sleep``), for the driver and
-    the control plane.
+    at each call), cut short at the deadline (:class:`~kinesis_actors.backoff.Retry`);
+    blocking (``sleep``, default ``time.sleep``; ``clock`` default
+    :func:`~kinesis_actors.clock.monotonic_s`), for the driver and the control plane. The
+    library's control-plane clients are built without botocore's retries
+    (``max_attempts=0``), so these are the only ones; a client with botocore's retries on
+    has them under each attempt here.
 
     An endpoint that cannot be reached (connection refused: nothing listens) is not
-    retried here past botocore's own attempts: the caller hears at once, with the URL.
+    retried: the caller hears at once, with the URL.
 
     Raises:
         KinesisError: the translated error, once it is not transient or the deadline passed.
     """
-    end = time.monotonic() + deadline_s
-    attempt = 0
-    while True:
-        try:
-            return fn()
-        except Exception as e:
-            attempt += 1
-            err = translate_aws_error(e, operation=operation, resource=resource)
-            # An endpoint that refuses connections was retried by botocore already.
-            if not is_throttling(e) or is_unreachable(e) or time.monotonic() >= end:
-                raise err from e
-            pause = (backoff or CONTROL_PLANE_BACKOFF).delay_s(attempt)
-            log.info("%s on %s throttled (%s); retrying in %.2f s", operation, resource, err.aws_code, pause)
-            time.sleep(min(pause, max(0.0, end - time.monotonic())))
+
+    def transient(e: Exception) -> bool:  # throttling, 5xx and network errors (as botocore's standard mode)
+        return is_throttling(e) and not is_unreachable(e)
+
+    def on_retry(e: Exception, failed: int, pause: float) -> None:
+        log.info("%s on %s failed (%s); retry %d in %.2f s", operation, resource, aws_error_code(e) or repr(e),
+                 failed, pause)
+
+    retry = Retry(backoff or CONTROL_PLANE_BACKOFF, deadline_s=deadline_s,
+                  clock=clock if clock is not None else monotonic_s)
+    try:
+        return retry.call(fn, retry_on=transient, on_retry=on_retry, sleep=sleep if sleep is not None else time.sleep)
+    except Exception as e:
+        raise translate_aws_error(e, operation=operation, resource=resource) from e
 
 
 def describe_stream(client: Any, stream: str, *, deadline_s: float = 30.0) -> dict[str, Any]:
@@ -148,9 +154,9 @@ def ensure_stream(client: Any, stream: str, *, create_shards: int | None, wait_s
             if translate_aws_error(ce, operation="CreateStream").aws_code != "ResourceInUseException":
                 raise translate_aws_error(ce, operation="CreateStream", resource=stream) from ce
         summary = describe_stream(client, stream)
-    end = time.monotonic() + wait_s
+    end = monotonic_s() + wait_s
     while summary.get("StreamStatus") not in ("ACTIVE", "UPDATING"):
-        if summary.get("StreamStatus") == "DELETING" or time.monotonic() > end:
+        if summary.get("StreamStatus") == "DELETING" or monotonic_s() > end:
             raise StreamError(f"stream {stream!r} is {summary.get('StreamStatus')}, not ACTIVE after {wait_s:.0f} s")
         time.sleep(0.25)
         summary = describe_stream(client, stream)

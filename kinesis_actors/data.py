@@ -35,6 +35,7 @@ import pyarrow as pa
 from .arrow import RECORD_SCHEMA, records_to_table
 from .aws import AwsSettings
 from .batch import RecordBatch
+from .clock import monotonic_s, wall_s
 from .config import validate_stream_name
 from .errors import InvalidError, KinesisError
 from .kinesis import ShardFetcher, ShardInfo, list_shards
@@ -85,7 +86,7 @@ class ShardScan:
 
     def __init__(self, kinesis: Any, stream: str, shard: ShardInfo, start_at: StartAt, bound_s: float, *,
                  max_records_per_block: int = DEFAULT_MAX_RECORDS_PER_BLOCK, max_bytes_per_block: int = 64 << 20,
-                 sleep: Any = time.sleep, clock: Any = time.monotonic) -> None:
+                 sleep: Any = time.sleep, clock: Any = monotonic_s) -> None:
         self.stream = stream
         self.shard = shard
         self.bound_ms = bound_s * 1000.0
@@ -179,7 +180,7 @@ class KinesisDatasource(_import_datasource_base()):  # type: ignore[misc]
         if (isinstance(max_records_per_block, bool) or not isinstance(max_records_per_block, int)
                 or max_records_per_block <= 0):
             raise InvalidError(f"max_records_per_block must be a positive int, got {max_records_per_block!r}")
-        now_s = time.time()
+        now_s = wall_s()
         bound_s = now_s if end_at is None else min(now_s, _epoch_s("end_at", end_at))
         starts_ms = start_at.timestamp_ms if start_at.kind == "AT_TIMESTAMP" else None
         if starts_ms is not None and starts_ms / 1000.0 > bound_s:
@@ -189,7 +190,7 @@ class KinesisDatasource(_import_datasource_base()):  # type: ignore[misc]
         self.bound_s = bound_s
         self.aws = aws
         self.max_records_per_block = max_records_per_block
-        self.shards: list[ShardInfo] = list_shards(aws.client("kinesis"), self.stream)
+        self.shards: list[ShardInfo] = list_shards(aws.client("kinesis", max_attempts=0), self.stream)
         from ray.data.context import DataContext
 
         self._max_bytes_per_block = int(DataContext.get_current().target_max_block_size or (128 << 20))
@@ -212,7 +213,7 @@ class KinesisDatasource(_import_datasource_base()):  # type: ignore[misc]
                         start_at: StartAt = self.start_at, bound_s: float = self.bound_s,
                         max_rows: int = self.max_records_per_block,
                         max_bytes: int = self._max_bytes_per_block) -> Iterator[pa.Table]:
-                scan = ShardScan(aws.client("kinesis"), stream, shard, start_at, bound_s,
+                scan = ShardScan(aws.client("kinesis", max_attempts=0), stream, shard, start_at, bound_s,
                                  max_records_per_block=max_rows, max_bytes_per_block=max_bytes)
                 yield from scan.blocks()
 

@@ -10,7 +10,7 @@ Hierarchy::
     ├── LeaseStoreError               lease table missing or unreachable past retries
     ├── SinkError                     the downstream gave up after ``max_sink_retries``
     ├── PartialBatchError             raised BY a sink: records ``[0, failed_from)`` are done, retry the rest
-    └── StartError                    ``subscribe()``'s first pass did not open every leased shard in time
+    └── StartError                    ``subscribe()``'s Ray start or first pass did not finish in time
 
 Every error carries ``retriable`` (a retry of the same call may succeed) and, when it
 was translated from botocore, ``aws_code`` (the AWS error code, e.g.
@@ -140,11 +140,14 @@ def _rebuild_partial(message: str, failed_from: int, aws_code: str | None, retri
 
 
 class StartError(KinesisError):
-    """``subscribe()`` could not open every shard it leased within ``start_timeout_s``.
+    """``subscribe()`` could not open every shard it leased within ``start_timeout_s``, or
+    could not start Ray within it.
 
     The message says how many shards opened and why the others did not (readers still
     starting or failing to start, opens timing out). Nothing was delivered; the leases
-    taken were released.
+    taken were released. For Ray's start it says what ``ray.init()`` was doing (connecting
+    to the cluster named by ``RAY_ADDRESS`` or by a ``ray start`` address file, or starting a
+    local Ray); no lease was taken then.
 
     Attributes:
         started: shards open (holding their first iterator) at the deadline.

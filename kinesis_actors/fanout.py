@@ -44,12 +44,12 @@ import dataclasses
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 from .backoff import Backoff
 from .batch import RecordBatch
+from .clock import monotonic_s
 from .errors import InvalidError, KinesisError, aws_error_code, is_throttling
 from .fanout_consumer import deregister_stream_consumer, ensure_stream_consumer
 from .fanout_http import EventSource, HttpSubscriber, Subscribe
@@ -205,7 +205,7 @@ class FanOutFetcher(ShardPosition):
     def __init__(self, client: Any, stream: str, shard_id: str, start: StartAt, *, consumer_arn: str,
                  restart_at: StartAt | None = None, ending_sequence_number: str | None = None,
                  subscribe: Subscribe | None = None, renew_after_s: float = SUBSCRIPTION_RENEW_S,
-                 clock: Callable[[], float] = time.monotonic, rng: Callable[[], float] = random.random) -> None:
+                 clock: Callable[[], float] = monotonic_s, rng: Callable[[], float] = random.random) -> None:
         if not consumer_arn:
             raise InvalidError("FanOutFetcher needs a consumer_arn")
         super().__init__(stream, shard_id, start, restart_at, ending_sequence_number)
@@ -325,7 +325,7 @@ class FanOutFetcher(ShardPosition):
                  aws_error_code(e) or type(e).__name__, pause)
 
     def _fatal(self, e: BaseException) -> Exception:
-        return self._not_found(e, "SubscribeToShard",
+        return self.not_found(e, "SubscribeToShard",
                                f"stream {self.stream!r}, shard {self.shard_id} or its stream consumer")
 
     @staticmethod
@@ -349,7 +349,7 @@ class FanOutFetcher(ShardPosition):
         elif position.sequence_number is not None:
             args = position.iterator_args()
             starting.update(Type=args["ShardIteratorType"], SequenceNumber=position.sequence_number)
-        self._arm_skip(position)
+        self.arm_skip(position)
         self._last_subscribe = now = self._clock()
         self._next_call_at = now + MIN_SUBSCRIBE_SPACING_S
         self.subscribe_calls += 1
@@ -444,11 +444,11 @@ class FanOutFetcher(ShardPosition):
             return None  # initial-response (AWS) and events this version does not know
         event = parse_event_payload(message.payload, shard_id=self.shard_id, stream=self.stream)
         self.events += 1
-        records = self._accept(event.records)
+        records = self.accept(event.records)
         self._continuation = event.continuation_sequence_number
         lag = event.millis_behind_latest
         at_tip = not event.records and not lag
-        shard_end = bool(event.child_shards) or event.continuation_sequence_number is None or self._past_end(at_tip)
+        shard_end = bool(event.child_shards) or event.continuation_sequence_number is None or self.past_end(at_tip)
         if shard_end:
             self._drop()
         return Fetched(records, lag, shard_end, at_tip, records.nbytes)

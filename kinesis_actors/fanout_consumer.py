@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Any
 
+from .clock import monotonic_s
 from .errors import KinesisError, StreamError
 from .kinesis import call_with_retry, describe_stream
 
@@ -56,7 +57,7 @@ def ensure_stream_consumer(client: Any, stream: str, consumer_name: str, *, wait
             (``LimitExceededException`` past retries), or another error, translated.
     """
     arn = describe_stream(client, stream)["StreamARN"]
-    end = time.monotonic() + wait_s
+    end = monotonic_s() + wait_s
     description = _consumer_description(client, arn, consumer_name)
     if description is None:
         try:
@@ -76,7 +77,7 @@ def ensure_stream_consumer(client: Any, stream: str, consumer_name: str, *, wait
             return consumer_arn
         if status == "DELETING":
             raise StreamError(f"stream consumer {consumer_name!r} of {stream!r} is being deleted")
-        if time.monotonic() > end:
+        if monotonic_s() > end:
             raise KinesisError(f"stream consumer {consumer_name!r} of {stream!r} is {status}, not ACTIVE after "
                                f"{wait_s:.0f} s", retriable=True)
         time.sleep(_CONSUMER_POLL_S)

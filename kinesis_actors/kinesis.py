@@ -15,12 +15,12 @@ import dataclasses
 import logging
 import math
 import random
-import time
 from collections.abc import Callable
 from typing import Any, Literal
 
 from .backoff import THROTTLE_BACKOFF
 from .batch import RecordBatch
+from .clock import monotonic_s
 from .control_plane import (
     CONTROL_PLANE_BACKOFF,
     ShardInfo,
@@ -74,10 +74,9 @@ def idle_due(now: float, wait: float, slot: float, phase: float | None = None) -
     process that sit at the tip then poll in a few groups a second (10 at the defaults,
     each about a tenth of them), each group woken by one timer, rather than each alone with
     its code cold, as operating systems batch timers (Linux's timer slack); renewals use a
-    grid too, rounded up (:func:`~kinesis_actors.reader.lease.renewal_slot`). Measured on
-    the 2-core machines of ``bench/`` (``python -m bench.idle --shards 256``, the Ray
-    processes' CPU per idle request): 1.30-1.35 ms without a grid, 1.14-1.33 ms with this
-    one. A group is kept to a tenth of the idle shards because its polls go out together:
+    grid too, rounded up (:func:`~kinesis_actors.reader.lease.renewal_slot`); what it saves
+    per idle request is in ``bench/DESIGN_FIGURES.md`` (``python -m bench.idle``). A group
+    is kept to a tenth of the idle shards because its polls go out together:
     on a service that answers one request at a time, a process's lease renewals wait
     behind the group (one point per ``max_idle_wait_s``, all of a reader's 128 idle shards
     at once, stretched a renewal gap in ``tests/integration/test_scale.py`` past its
@@ -170,7 +169,7 @@ class ShardPosition:
         """``"<stream>/<shard id>"``, for messages."""
         return f"{self.stream}/{self.shard_id}"
 
-    def _arm_skip(self, position: StartAt) -> None:
+    def arm_skip(self, position: StartAt) -> None:
         """Before opening at ``position``: resuming inside a KPL aggregate (``AFTER_SEQUENCE_NUMBER``
         with a sub-sequence) re-reads the aggregate, so the user records through it are dropped once."""
         if position.kind == "AFTER_SEQUENCE_NUMBER" and position.sequence_number is not None \
@@ -179,7 +178,7 @@ class ShardPosition:
         else:
             self._skip_through = None
 
-    def _accept(self, raw: list[dict[str, Any]] | RecordBatch) -> RecordBatch:
+    def accept(self, raw: list[dict[str, Any]] | RecordBatch) -> RecordBatch:
         """The user records of one answer (``Records`` of ``GetRecords`` or of an event, as
         botocore's dicts or already a batch), minus those already returned; the last one
         becomes the resume point."""
@@ -196,12 +195,12 @@ class ShardPosition:
         self._start = self._restart
         return records
 
-    def _past_end(self, at_tip: bool) -> bool:
+    def past_end(self, at_tip: bool) -> bool:
         """A closed shard is read to its end: at the tip, or past ``EndingSequenceNumber``."""
         return self._end_key is not None and (
             at_tip or (self._last is not None and seq_key(self._last.sequence_number) >= self._end_key))
 
-    def _not_found(self, e: BaseException, operation: str, what: str) -> Exception:
+    def not_found(self, e: BaseException, operation: str, what: str) -> Exception:
         """The library's error for a failed call: ``StreamError`` naming ``what`` for
         ``ResourceNotFoundException``, else the translated ``KinesisError``."""
         err = translate_aws_error(e, operation=operation, resource=self.resource)
@@ -268,7 +267,7 @@ class ShardFetcher(ShardPosition):
 
     def __init__(self, client: Any, stream: str, shard_id: str, start: StartAt, *, restart_at: StartAt | None = None,
                  ending_sequence_number: str | None = None, max_records: int = 10_000, idle_wait_s: float = 0.25,
-                 max_idle_wait_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 max_idle_wait_s: float = 1.0, clock: Callable[[], float] = monotonic_s,
                  rng: Callable[[], float] = random.random) -> None:
         super().__init__(stream, shard_id, start, restart_at, ending_sequence_number)
         self.client = client
@@ -341,7 +340,7 @@ class ShardFetcher(ShardPosition):
     def _open(self) -> None:
         position = self.position
         args = position.iterator_args()
-        self._arm_skip(position)
+        self.arm_skip(position)
         try:
             self._iterator = self.client.get_shard_iterator(StreamName=self.stream, ShardId=self.shard_id,
                                                             **args)["ShardIterator"]
@@ -354,7 +353,7 @@ class ShardFetcher(ShardPosition):
         self._start = self._restart
 
     def _fatal(self, e: BaseException, operation: str) -> Exception:
-        return self._not_found(e, operation, f"stream {self.stream!r} or shard {self.shard_id}")
+        return self.not_found(e, operation, f"stream {self.stream!r} or shard {self.shard_id}")
 
     def step(self) -> Fetched | None:
         """One AWS call: ``GetShardIterator`` when no iterator is held, else ``GetRecords``.
@@ -392,11 +391,11 @@ class ShardFetcher(ShardPosition):
             return None
         self.throttled_in_a_row = 0
         raw = response.get("Records") or []
-        records = self._accept(raw)
+        records = self.accept(raw)
         lag = response.get("MillisBehindLatest")
         self._iterator = response.get("NextShardIterator")
         at_tip = not raw and not lag
-        shard_end = self._iterator is None or self._past_end(at_tip)
+        shard_end = self._iterator is None or self.past_end(at_tip)
         if at_tip:
             self._idle += 1
             wait = min(self.max_idle_wait_s, self.idle_wait_s * 2 ** min(self._idle - 1, 30))  # 2**1024: OverflowError

@@ -55,9 +55,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any, Protocol
+
+from .clock import monotonic_s, wall_s
 
 __all__ = ["reader_tick", "coordinator_tick", "checkpoint_lag_ms", "MetricsSink", "set_sink", "EXPORT_INTERVAL_S",
            "SHARD_COUNTERS", "SHARD_GAUGES", "INSTANCE_COUNTERS", "INSTANCE_GAUGES", "PREFIX"]
@@ -212,7 +213,7 @@ def reader_tick(spec: Any, stats: dict[str, Any], *, now: float | None = None, f
         now: monotonic seconds (tests). force: export even within ``EXPORT_INTERVAL_S``.
     """
     try:
-        now = time.monotonic() if now is None else now
+        now = monotonic_s() if now is None else now
         key = (spec.stream, spec.shard_id, spec.owner_id)
         state = _READERS.get(key)
         if state is None:
@@ -277,7 +278,7 @@ def checkpoint_lag_ms(kinesis: Any, stream: str, shard_id: str, checkpoint: str 
     lag = int(response.get("MillisBehindLatest") or 0)
     records = response.get("Records") or []
     if records and records[0].get("ApproximateArrivalTimestamp") is not None:
-        now_s = time.time() if now_s is None else now_s
+        now_s = wall_s() if now_s is None else now_s
         age = int((now_s - records[0]["ApproximateArrivalTimestamp"].timestamp()) * 1000)
         lag = max(lag, age)
     return lag

@@ -9,10 +9,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .aws import AwsSettings
-from .backoff import Backoff
+from .backoff import Backoff, Retry
 from .config import validate_stream_name
 from .connection import ConnectionState
-from .errors import InvalidError, KinesisError, is_throttling, translate_aws_error
+from .errors import InvalidError, KinesisError, NotConnectedError, is_throttling, translate_aws_error
 
 __all__ = ["Publisher", "PutResult", "MAX_RECORD_BYTES", "MAX_REQUEST_BYTES", "MAX_REQUEST_RECORDS", "PUT_BACKOFF"]
 
@@ -86,9 +86,11 @@ class Publisher:
     boto3 client there.
 
     Failed entries of a ``PutRecords`` response (``ProvisionedThroughputExceededException``,
-    ``InternalFailure``) are retried with exponential backoff and full jitter (0.1 s
-    doubling to 5 s) up to ``max_attempts`` calls; botocore's own standard retries
-    cover throttling of the whole call.
+    ``InternalFailure``) and a throttled or transiently failing call are retried with
+    exponential backoff and full jitter (0.1 s doubling to 5 s) up to ``max_attempts``
+    calls, in one layer: the publisher's client is built without botocore's retries
+    (``max_attempts=0``), so a throttled stream costs ``max_attempts`` calls, not
+    ``max_attempts`` times botocore's.
     """
 
     def __init__(self, stream: str, state: ConnectionState, *, max_attempts: int = 10) -> None:
@@ -120,6 +122,26 @@ class Publisher:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_publisher, (self.stream, self._state.require(), self._max_attempts))
+
+    def check_connected(self, role: str = "publisher") -> None:
+        """Raise unless this publisher's broker is connected now (no AWS call).
+
+        A publisher taken before ``connect()`` shares its broker's connection, so it passes
+        once that broker is connected. ``subscribe()`` calls this on its ``dead_letter``
+        publisher before any AWS call and before the publisher is pickled for the readers.
+
+        Args:
+            role: what the publisher is to the caller, for the message (``"dead_letter"``).
+
+        Raises:
+            NotConnectedError: its broker is not connected yet, or was shut down; the message
+                names the publisher's stream and ``role``.
+        """
+        try:
+            self._state.require()
+        except NotConnectedError as e:
+            raise NotConnectedError(f"{role} {self!r} cannot publish: {e} (connect() the broker it was taken "
+                                    "from, or take it from a connected broker)") from None
 
     def __repr__(self) -> str:
         return f"Publisher({self.stream!r})"
@@ -159,7 +181,7 @@ class Publisher:
             The same as :meth:`put`; every item is validated before the first call.
         """
         entries = [_entry(item) for item in items]
-        client = self._state.client("kinesis")
+        client = self._state.client("kinesis", max_attempts=0)  # the retries are ours (Retry), in one layer
         results: list[PutResult | None] = [None] * len(entries)
         for chunk in _chunks(entries):
             self._put_chunk(client, entries, chunk, results)
@@ -167,17 +189,15 @@ class Publisher:
 
     def _put_chunk(self, client: Any, entries: list[dict[str, Any]], pending: list[int],
                    results: list[PutResult | None]) -> None:
-        attempt = 0
-        while pending:
-            attempt += 1
-            try:
-                response = client.put_records(StreamName=self.stream, Records=[entries[i] for i in pending])
-            except Exception as e:  # botocore errors: translated in one place
-                err = translate_aws_error(e, operation="PutRecords", resource=self.stream)
-                if not (err.retriable or is_throttling(e)) or attempt >= self._max_attempts:
-                    raise err from e
-                self._backoff(attempt)
-                continue
+        """``PutRecords`` of the entries ``pending``, then of those that failed, paced by
+        :data:`PUT_BACKOFF`, up to ``max_attempts`` calls in all (:class:`~kinesis_actors.backoff.Retry`).
+
+        Raises:
+            KinesisError: a call refused (translated), or entries still failing after ``max_attempts``.
+        """
+        def attempt() -> None:
+            nonlocal pending
+            response = client.put_records(StreamName=self.stream, Records=[entries[i] for i in pending])
             failed = []
             for i, outcome in zip(pending, response["Records"]):
                 if outcome.get("ErrorCode"):
@@ -185,20 +205,32 @@ class Publisher:
                 else:
                     results[i] = PutResult(outcome["ShardId"], outcome["SequenceNumber"])
             if failed:
-                if attempt >= self._max_attempts:
-                    codes = {response["Records"][pending.index(i)].get("ErrorCode") for i in failed}
-                    raise KinesisError(
-                        f"PutRecords on {self.stream!r}: {len(failed)} records still failing after "
-                        f"{attempt} attempts ({', '.join(sorted(c for c in codes if c))})",
-                        retriable=True,
-                    )
+                codes = {response["Records"][pending.index(i)].get("ErrorCode") for i in failed}
                 log.debug("PutRecords on %s: %d of %d entries failed, retrying", self.stream, len(failed), len(pending))
-                self._backoff(attempt)
-            pending = failed
+                pending = failed
+                raise _EntriesFailed(len(failed), {c for c in codes if c})
 
-    @staticmethod
-    def _backoff(attempt: int) -> None:
-        time.sleep(PUT_BACKOFF.delay_s(attempt))
+        def retriable(e: Exception) -> bool:
+            if isinstance(e, _EntriesFailed):
+                return True
+            return is_throttling(e) or translate_aws_error(e, operation="PutRecords", resource=self.stream).retriable
+
+        try:
+            Retry(PUT_BACKOFF, max_attempts=self._max_attempts).call(attempt, retry_on=retriable, sleep=time.sleep)
+        except _EntriesFailed as e:
+            codes = ", ".join(sorted(e.codes))
+            raise KinesisError(f"PutRecords on {self.stream!r}: {e.count} records still failing after "
+                               f"{self._max_attempts} attempts ({codes})", retriable=True) from None
+        except Exception as e:  # botocore errors: translated in one place
+            raise translate_aws_error(e, operation="PutRecords", resource=self.stream) from e
+
+
+class _EntriesFailed(Exception):
+    """Some entries of a ``PutRecords`` answer failed (``count`` of them, with ``codes``): retry those."""
+
+    def __init__(self, count: int, codes: set[str]) -> None:
+        super().__init__(f"{count} entries failed")
+        self.count, self.codes = count, codes
 
 
 def _rebuild_publisher(stream: str, aws: AwsSettings, max_attempts: int) -> Publisher:

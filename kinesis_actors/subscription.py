@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .aws import AwsSettings
+from .clock import monotonic_s
 from .config import KinesisStream, positive_duration
 from .errors import InvalidError, KinesisError
 from .leases.protocol import Lease, LeaseStore
@@ -242,9 +243,9 @@ class Subscription:
         Raises:
             The parked fatal error (``SinkError``, ``StreamError``...).
         """
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        deadline = None if timeout_s is None else monotonic_s() + timeout_s
         while not self._closed:
-            left = 5.0 if deadline is None else min(5.0, deadline - time.monotonic())
+            left = 5.0 if deadline is None else min(5.0, deadline - monotonic_s())
             if left <= 0:
                 return False
             try:
@@ -307,7 +308,7 @@ class Subscription:
             The subscription's parked error, if any, after closing.
         """
         timeout_s = positive_duration("timeout_s", timeout_s)
-        deadline = time.monotonic() + timeout_s
+        deadline = monotonic_s() + timeout_s
         with self._lock:
             if self._closed:
                 return
@@ -328,7 +329,7 @@ class Subscription:
 
     @staticmethod
     def _left(deadline: float) -> float:
-        return max(0.0, deadline - time.monotonic())
+        return max(0.0, deadline - monotonic_s())
 
     def _ack_at_close(self, timeout_s: float) -> None:
         import ray

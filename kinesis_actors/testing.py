@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from .clock import monotonic_s, wall_s
 from .errors import LeaseStoreError
 from .leases.memory import InProcessLeaseStore
 
@@ -443,7 +444,7 @@ class FaultInjector:
             os.close(fd)
 
     def _log(self, service: str, operation: str, shard: str | None, fault: str | None) -> None:
-        line = json.dumps({"time": time.time(), "pid": os.getpid(), "service": service,
+        line = json.dumps({"time": wall_s(), "pid": os.getpid(), "service": service,
                            "operation": operation, "shard": shard, "fault": fault}) + "\n"
         fd = os.open(os.path.join(self.directory, "calls.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -570,7 +571,7 @@ class FakeShard:
         self.faults: list[str | None] = []
         self.iterator_faults: list[str] = []
         self.calls: list[float] = []
-        self.clock: Callable[[], float] = time.monotonic
+        self.clock: Callable[[], float] = monotonic_s
         self.iterator_requests: list[dict[str, Any]] = []
         self.hang_s = 0.0
         self.max_per_call = max_per_call
@@ -592,8 +593,9 @@ class FakeShard:
         """Append ``n`` records (payload ``data``, default ``b"r<seq>"``)."""
         for _ in range(n):
             seq = len(self.records) + 1
+            at = arrival or _dt.datetime.fromtimestamp(wall_s(), _dt.timezone.utc)
             self.records.append({"Data": data or f"r{seq}".encode(), "PartitionKey": "k", "SequenceNumber": str(seq),
-                                 "ApproximateArrivalTimestamp": arrival or _dt.datetime.now(_dt.timezone.utc)})
+                                 "ApproximateArrivalTimestamp": at})
 
     def get_shard_iterator(self, *, ShardIteratorType: str, StreamName: str = "", ShardId: str = "",
                            **kw: Any) -> dict[str, str]:
@@ -840,11 +842,11 @@ class FakeClock:
     def __init__(self, start: float = 1000.0, *, follow_real: bool = False) -> None:
         self._offset = start
         self._follow = follow_real
-        self._t0 = time.monotonic()
+        self._t0 = monotonic_s()
         self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
 
     def __call__(self) -> float:
-        return self._offset + (time.monotonic() - self._t0 if self._follow else 0.0)
+        return self._offset + (monotonic_s() - self._t0 if self._follow else 0.0)
 
     def advance(self, seconds: float) -> None:
         """Move the clock forward by ``seconds``; wakes the sleepers that are due."""

@@ -5,26 +5,22 @@ request signer), SigV4 signing, the endpoint (the client's resolved ``endpoint_u
 ``GetRecords`` by ``ShardIterator`` has no operation-specific endpoint), the error
 classes (``client.exceptions``) and, for any error this module does not know, its own
 JSON error parser. The request goes over a kept-alive connection of an
-:class:`~kinesis_actors.wire_http.WirePool` (why not urllib3 or h11, with figures, is said
-there: per call urllib3 cost six times the socket calls); a request a hook moved to
-another URL goes through urllib3 (botocore's own HTTP library). The answer is
+:class:`~kinesis_actors.wire_http.WirePool` (why not urllib3 is said there), or through
+urllib3 (botocore's own HTTP library) with :data:`HTTP_ENV` ``=0`` and for a request a
+hook moved to another URL. The answer is
 parsed with :func:`loads` (msgspec) and turned straight into a
 :class:`~kinesis_actors.batch.RecordBatch`: ``Data`` is decoded with pybase64 (SIMD;
 ``binascii.a2b_base64``, botocore's own decoder, where pybase64 is missing or refuses a
 record) and ``ApproximateArrivalTimestamp`` stays float epoch seconds (botocore builds a
-``datetime`` per record: 20-24 % of a reader's CPU in the profile of issue 20).
+``datetime`` per record, a large share of a reader's CPU at full speed).
 
-The parser is msgspec's untyped JSON decoder (``msgspec.json.Decoder()``).
-``python -m bench.read_path parse`` (one ``GetRecords`` body of 2,000 x 1 KiB random
-records, CPU s per MB of payload, best of 30 round-robin rounds; bench/read_path.json,
-run "in-process: parse, breakdown, profile") measured the JSON parse alone at 0.00086
-for msgspec, 0.00214 for ``orjson.loads`` and 0.0234 for botocore's parser (with its
-base64 and datetimes). With ``a2b_base64`` per record: msgspec 0.0045, orjson 0.0056; with
-pybase64: msgspec 0.0019; this module's whole build into a ``RecordBatch``: 0.0024. A
-typed msgspec ``Struct`` parses a little faster still (0.00075), but its schema would
-have to follow the API's shapes (and the fan-out events'), for about 5 % of the whole
-path. The fan-out frames' JSON payloads and the request bodies go through the same
-decoder and encoder.
+The parser is msgspec's untyped JSON decoder (``msgspec.json.Decoder()``), chosen by
+``python -m bench.read_path parse`` (CPU per MB of payload against ``orjson`` and
+botocore's parser, with each base64 decoder; figures in ``bench/DESIGN_FIGURES.md`` and
+``bench/read_path.json``). A typed msgspec ``Struct`` would parse a little faster still,
+but its schema would have to follow the API's shapes (and the fan-out events') for a
+small share of the whole path. The fan-out frames' JSON payloads and the request bodies
+go through the same decoder and encoder.
 
 botocore's client event hooks still run around each call (``before-parameter-build``,
 ``before-send`` (a handler may answer instead of the network, as botocore's stubs and
@@ -56,12 +52,18 @@ from .records import KPL_MAGIC, Record, records_from_response
 from .wire_http import WirePool
 
 __all__ = ["loads", "WireGetRecords", "wire_get_records", "batch_from_json_records", "KNOWN_ERROR_CODES",
-           "DISABLE_ENV"]
+           "DISABLE_ENV", "HTTP_ENV"]
 
 log = logging.getLogger(__name__)
 
 DISABLE_ENV = "KINESIS_ACTORS_BOTOCORE_GET_RECORDS"
 """Set to ``1`` to read ``GetRecords`` through botocore's own parser (no fast path)."""
+
+HTTP_ENV = "KINESIS_ACTORS_WIRE_HTTP"
+"""The HTTP client of the fast path, read when a client's :class:`WireGetRecords` is built:
+``1`` (the default) sends over :class:`~kinesis_actors.wire_http.WirePool`, ``0`` over
+urllib3 (botocore's own HTTP library, as the fan-out path does). The parser is the same
+either way; :data:`DISABLE_ENV` is its own switch."""
 
 KNOWN_ERROR_CODES = frozenset({
     "ExpiredIteratorException", "ProvisionedThroughputExceededException", "ResourceNotFoundException",
@@ -176,8 +178,11 @@ class WireGetRecords:
         self._host = _host_from_url(self._url)
         # The endpoint's connections (see wire_http); other URLs (a hook that rewrote it) go
         # through urllib3's manager.
-        self._http = WirePool(self._url, connect_timeout_s=config.connect_timeout, read_timeout_s=config.read_timeout,
-                             maxsize=config.max_pool_connections, ca_certs=get_cert_path(True))
+        self._http: WirePool | None = None
+        if os.environ.get(HTTP_ENV, "1") not in ("", "0"):
+            self._http = WirePool(self._url, connect_timeout_s=config.connect_timeout,
+                                  read_timeout_s=config.read_timeout, maxsize=config.max_pool_connections,
+                                  ca_certs=get_cert_path(True))
         self._path = urllib3.util.parse_url(self._url).request_uri
 
     def call(self, iterator: str, limit: int, *, shard_id: str, stream: str) -> dict[str, Any]:
@@ -219,10 +224,10 @@ class WireGetRecords:
 
         u3 = self._urllib3.exceptions
         url = prepared.url
-        if url == self._url:
+        if url == self._url and self._http is not None:
             return self._http.post(self._path, list(prepared.headers.items()), prepared.body)
         headers = {k: v for k, v in prepared.headers.items() if k.lower() != "host"}
-        try:  # a before-send hook moved it: urllib3 sets the URL's Host, as botocore's path does
+        try:  # urllib3 (HTTP_ENV=0, or a before-send hook moved it) sets the URL's Host, as botocore does
             response = self._pool.urlopen("POST", url, body=prepared.body, headers=headers, retries=False,
                                           preload_content=True)
         except (u3.NewConnectionError, socket.gaierror) as e:  # botocore's order (httpsession.py)
@@ -282,7 +287,8 @@ class WireGetRecords:
 
     def close(self) -> None:
         """Close the idle pooled connections (later calls open new ones)."""
-        self._http.close()
+        if self._http is not None:
+            self._http.close()
         self._pool.clear()
 
 

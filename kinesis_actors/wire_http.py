@@ -1,15 +1,18 @@
 """Keep-alive HTTP/1.1 to one endpoint for the ``GetRecords`` POSTs: :class:`WirePool`.
 
-Why not urllib3 here: on this machine kind one idle ``GetRecords`` (an empty answer from
-the embedded emulator over a kept-alive loopback connection) cost 0.49 ms of client CPU
-in ``HTTPConnectionPool.urlopen`` (0.33 ms through ``http.client`` alone), against
-0.08 ms for the socket calls themselves (a micro-measure of 2,000 calls back to back).
-The difference is per call, not per byte: urllib3's pool, ``Retry`` and ``Timeout``
-objects and its ``HTTPResponse``, and ``http.client``'s header parsing through
-``email.parser``. A shard at the tip polls once a second, so that per-call cost is most
-of what an idle shard costs (issue 20, part 3). h11 (a sans-IO HTTP/1.1 library) was
-measured next: 0.35 ms per exchange, most of it validating and normalising headers that
-botocore has already built and the service has already framed.
+Why not urllib3 here: an idle shard at the tip polls once a second, and most of what it
+then costs is per call, not per byte: urllib3's pool, ``Retry`` and ``Timeout`` objects and
+its ``HTTPResponse``, and ``http.client``'s header parsing through ``email.parser`` (h11, a
+sans-IO HTTP/1.1 library, spends the same on validating and normalising headers that
+botocore has already built and the service has already framed).
+
+The rule it is kept by: this client stays only while it saves at least 20 % of the Ray
+processes' CPU per idle request against urllib3 (``KINESIS_ACTORS_WIRE_HTTP=0``, see
+:data:`~kinesis_actors.wire.HTTP_ENV`), measured in one run with ``python -m bench.idle
+--shards 256``, the two alternating (steady CPU per MB, ``python -m bench --only
+throughput``, measured beside it). The figures it was kept by are in ``bench/runs/README.md``
+(section "wire_http against urllib3") and ``bench/runs/2026-12-06_wire_http_*``; should a
+later run show less, ``GetRecords`` goes through urllib3 as the fan-out path does.
 
 So the HTTP/1.1 framing is done here, and only what these exchanges need: one request
 (``POST``, botocore's signed headers with their ``Content-Length``, the body) written

@@ -8,8 +8,11 @@ One module per role, each with one state enum whose transitions its docstring dr
 * :mod:`.handoffs` -- handoff requests, as thief and as owner (``RequestState``);
 * :mod:`.poll` -- the lease-table poll, resharding, stream identity (``PollState``, ``PollOutcome``);
 * :mod:`.presence` -- the presence row and stats (``PresenceState``);
-* :mod:`.core` -- :class:`CoordinatorCore`, the tick that runs each part when due;
-  :mod:`.closing` -- the close under one deadline;
+* :mod:`.lifecycle` -- the core's own phase (``CoordinatorState``: NEW / STARTING /
+  RUNNING / CLOSING / CLOSED / FAILED);
+* :mod:`.core` -- :class:`CoordinatorCore`, which composes the parts; :mod:`.tick` -- the
+  tick that runs each part when due; :mod:`.closing` -- the close under one deadline;
+  :mod:`.tasks` -- the kept task sets;
 * :mod:`.actor` -- the Ray actor shells, apart from all of the above.
 
 Fault model:
@@ -65,12 +68,14 @@ from typing import TYPE_CHECKING, Any
 from ..metrics import coordinator_tick
 from .core import CoordinatorCore
 from .handles import Launcher, ReaderGone, ReaderHandle, ReaderUnreachable
+from .lifecycle import CoordinatorState
 from .placements import HeldState
 from .poll import PollOutcome
 from .pool import ReaderState, pick_reader, pool_size
 
 __all__ = ["CoordinatorCore", "ReaderHandle", "ReaderGone", "ReaderUnreachable", "Coordinator", "pool_size",
-           "pick_reader", "Launcher", "PollOutcome", "ReaderState", "HeldState", "coordinator_tick"]
+           "pick_reader", "Launcher", "PollOutcome", "ReaderState", "HeldState", "CoordinatorState",
+           "coordinator_tick"]
 
 if TYPE_CHECKING:
     Coordinator: Any  # the Ray actor class, built on first access (below)

@@ -116,8 +116,9 @@ def make_coordinator_actor() -> Any:
             on_fatal = (lambda err: pull_queue.fail.remote(err)) if pull_queue is not None else None
             self.core = CoordinatorCore(stream, aws=aws, store=store, owner_id=owner_id,
                                         lease_duration_s=lease_duration_s, renew_interval_s=renew_interval_s,
-                                        launcher=launch, kinesis=LazyClient(lambda: aws.client("kinesis")),
-                                        on_fatal=on_fatal)  # the client is built after the readers launched
+                                        launcher=launch, on_fatal=on_fatal,
+                                        # built after the readers launched; retried by call_with_retry alone
+                                        kinesis=LazyClient(lambda: aws.client("kinesis", max_attempts=0)))
 
         async def start(self, timeout_s: float = 120.0) -> None:
             await self.core.start(timeout_s)

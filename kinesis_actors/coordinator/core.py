@@ -3,25 +3,31 @@
 Parts (each in its own module, each with one state enum): the reader pool
 (:mod:`.pool`), the placements of held leases (:mod:`.placements`), the handoffs
 (:mod:`.handoffs`), the lease-table poll (:mod:`.poll`), presence and stats
-(:mod:`.presence`). The core's tick, like Ray Serve's ``DeploymentStateManager.update``,
-calls each part's update when it is due on the injected clock (presence every
-``renew_interval_s``, ``ListShards`` every ``shard_sync_interval_s``, the lease poll and
-pool upkeep every ``lease_poll_interval_s``), each in its own kept task with its own
-try/except: a failing part is logged, counted (``step_failures``) and retried when next
-due, a slow one never delays another.
+(:mod:`.presence`). The core's :class:`~.tick.Tick`, like Ray Serve's
+``DeploymentStateManager.update``, calls each part's update when it is due on the
+injected clock (presence every ``renew_interval_s``, ``ListShards`` every
+``shard_sync_interval_s``, the lease poll and pool upkeep every ``lease_poll_interval_s``),
+each in its own kept task with its own try/except: a failing part is logged, counted
+(``step_failures``) and retried when next due, a slow one never delays another.
+
+The core's phase is one :class:`~.lifecycle.CoordinatorState` (its moves listed once, in
+:data:`~.lifecycle.TRANSITIONS`), read by the pool and the placements through the core's
+:class:`~.lifecycle.Lifecycle`. Its background tasks are held in task sets by concern
+(the tick, its steps, the pool's reader starts, the placements' opens, the rest), which
+the close cancels or waits for as a whole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import logging
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, TypeVar
 
+from .. import metrics
 from ..aws import AwsSettings
+from ..clock import monotonic_s
 from ..config import KinesisStream
 from ..errors import KinesisError, StartError
 from ..fanout import ensure_stream_consumer
@@ -32,11 +38,13 @@ from ..records import StartAt
 from .closing import close_parts
 from .handles import Launcher, ReaderHandle
 from .handoffs import Handoffs
+from .lifecycle import CoordinatorState, Lifecycle
 from .placements import HeldState, Placements
 from .poll import LeasePoll, PollOutcome, Taken
 from .pool import PooledReader, ReaderPool
 from .presence import Presence, collect_stats
 from .tasks import Sleep, TaskSet
+from .tick import Tick
 
 __all__ = ["CoordinatorCore"]
 
@@ -65,12 +73,6 @@ def reader_spec(cfg: KinesisStream, shard: ShardInfo, *, owner_id: str, lease_du
     )
 
 
-def _tick_metrics(core: CoordinatorCore) -> None:
-    import kinesis_actors.coordinator as package  # the hook is looked up where it is exported (and patched)
-
-    package.coordinator_tick(core)
-
-
 class CoordinatorCore:
     """The control loop of one subscription (plain asyncio; see the package docstring).
 
@@ -94,32 +96,36 @@ class CoordinatorCore:
             :class:`ReaderPool`, :class:`Placements`, :class:`Handoffs`, :class:`Presence`).
         counters: this instance's counters (leases taken, lost, handed over, handoffs,
             reader starts failed, ``step_failures``, ``store_errors``, ...).
+        lifecycle: the :class:`~.lifecycle.Lifecycle` (its ``state``, a :class:`~.lifecycle.CoordinatorState`).
+        tick: the :class:`~.tick.Tick` that runs presence, ``ListShards`` and the lease poll when due.
     """
 
     def __init__(self, stream: KinesisStream, *, aws: AwsSettings, store: LeaseStore, owner_id: str,
                  lease_duration_s: float, renew_interval_s: float, launcher: Launcher, kinesis: Any,
                  on_fatal: Callable[[BaseException], Any] | None = None, call_timeout_s: float = 30.0,
                  handoff_timeout_s: float | None = None, reader_start_timeout_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic, sleep: Sleep = asyncio.sleep) -> None:
+                 clock: Callable[[], float] = monotonic_s, sleep: Sleep = asyncio.sleep) -> None:
         self.stream, self.aws, self.store, self.owner_id = stream, aws, store, owner_id
         self.lease_duration_s, self.renew_interval_s = lease_duration_s, renew_interval_s
         self.max_shards_per_reader = stream.max_shards_per_reader
         self._kinesis, self._on_fatal, self._call_timeout_s = kinesis, on_fatal, call_timeout_s
         self._clock, self._sleep = clock, sleep
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
-        self._tasks = TaskSet(self.counters)
+        self.lifecycle = Lifecycle(stream.name)
+        self._tasks = TaskSet(self.counters)  # handoff calls, reader watches
         self._threads = concurrent.futures.ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="ka-coordinator")
         self.leases = LeasePoll(stream=stream, store=store, io=self._io, kinesis=kinesis, owner_id=owner_id,
                                 lease_duration_s=lease_duration_s, clock=clock, counters=self.counters)
         self.pool = ReaderPool(launch=launcher, max_shards_per_reader=stream.max_shards_per_reader,
                                load=lambda rid: self.placements.load(rid), on_event=self._apply,
                                on_gone=self._reader_gone, on_ready=lambda: self.placements.update(),
-                               tasks=self._tasks, counters=self.counters, clock=clock, sleep=sleep,
+                               tasks=self._tasks, closing=lambda: self.lifecycle.closing, counters=self.counters,
+                               clock=clock, sleep=sleep,
                                call_timeout_s=call_timeout_s, start_timeout_s=reader_start_timeout_s,
                                retry_s=min(1.0, renew_interval_s))
         self.placements = Placements(pool=self.pool, take=self.leases.take, io=self._io, store=store,
                                      stream=stream.name, owner_id=owner_id, spec=self._spec,
-                                     on_finished=self.leases.finished.add, tasks=self._tasks,
+                                     on_finished=self.leases.finished.add, closing=lambda: self.lifecycle.closing,
                                      counters=self.counters, clock=clock, call_timeout_s=call_timeout_s)
         self.handoffs = Handoffs(store=store, io=self._io, take=self.leases.take, stream=stream.name,
                                  owner_id=owner_id, lease_duration_s=lease_duration_s,
@@ -127,14 +133,18 @@ class CoordinatorCore:
                                  tasks=self._tasks, counters=self.counters, call_timeout_s=call_timeout_s)
         self.presence = Presence(store=store, io=self._io, stream=stream.name, owner_id=owner_id,
                                  duration_s=lease_duration_s, counters=self.counters)
-        self._error: BaseException | None = None
-        self._closing = False
-        self._started = False  # the first pass finished: the tick runs every part
-        self._closed = asyncio.Event()
-        self._wake = asyncio.Event()  # run the lease poll now
-        self._nudge = asyncio.Event()  # look at what is due now
-        self._task: asyncio.Task[None] | None = None
-        self._close_task: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None  # the parked fatal error (state FAILED once closed)
+        self._ended = asyncio.Event()  # set on reaching CLOSED or FAILED
+        self.tick = Tick(stream.name, lifecycle=self.lifecycle, clock=clock, sleep=sleep, counters=self.counters,
+                         on_fatal=self.fail)
+        self.tick.add("presence", self.presence.update, lambda: renew_interval_s, first_in_s=0.0, before_running=True)
+        self.tick.add("shards", self.sync_shards, lambda: stream.shard_sync_interval_s,
+                      first_in_s=stream.shard_sync_interval_s)
+        # a slow table read spaces the polls out: at most half of the store's time goes to reading it
+        self.tick.add("poll", self._poll_and_upkeep,
+                      lambda: max(stream.lease_poll_interval_s, 2 * self.leases.last_read_s),
+                      first_in_s=stream.lease_poll_interval_s)
+        self._closer: asyncio.Future[None] | None = None  # the close under way, awaited by every close()
         self._last_stats: dict[str, dict[str, Any]] = {}
         self.consumer_arn: str | None = None  # the stream consumer (retrieval="fanout"), registered by start()
 
@@ -165,8 +175,11 @@ class CoordinatorCore:
         Other errors of the first pass (``ListShards``, the lease table) are parked
         (reported by :meth:`error`), not raised.
         """
+        if self.lifecycle.closing:  # failed or closed before it started: the error (if any) is parked
+            return
         deadline = self._clock() + timeout_s
-        self._task = asyncio.create_task(self._tick_loop(), name=f"coordinator-{self.stream.name}")
+        self.lifecycle.move(CoordinatorState.STARTING)
+        self.tick.start()
         # The smallest pool starts now, in the background: reader processes start (a second or
         # more each) while this pass lists the shards and reads the lease table; the pass grows
         # the pool further once it knows how many leases it takes.
@@ -188,68 +201,9 @@ class CoordinatorCore:
         if outcome.opened < outcome.wanted:
             raise StartError(f"{self.stream.name}: {outcome.opened} of {outcome.wanted} shards opened within "
                              f"{timeout_s:.0f} s ({outcome.why})", started=outcome.opened, total=outcome.wanted)
-        self._started = True
-        self._nudge.set()
-
-    async def _tick_loop(self) -> None:
-        """Run each part when it is due (injected clock), until closing; a part still
-        running when due is not started twice (its next round starts once it is done)."""
-        cfg, now = self.stream, self._clock()
-        parts: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
-            "presence": self.presence.update, "shards": self.sync_shards, "poll": self._poll_and_upkeep}
-        due = {"presence": now, "shards": now + cfg.shard_sync_interval_s, "poll": now + cfg.lease_poll_interval_s}
-        running: dict[str, asyncio.Task[None]] = {}
-        while not self._closing:
-            now = self._clock()
-            if self._wake.is_set():
-                self._wake.clear()
-                due["poll"] = min(due["poll"], now)
-            self._nudge.clear()
-            active = [n for n in parts if self._started or n == "presence"]
-            for name in active:
-                if now >= due[name] and name not in running:
-                    running[name] = self._tasks.spawn(self._step(name, parts[name]), f"step-{name}")
-                    running[name].add_done_callback(functools.partial(self._step_done, running, name))
-                    due[name] = now + self._interval(name)
-            waits = [due[n] for n in active if n not in running]
-            await self._nap(max(0.0, min(waits, default=now + cfg.lease_poll_interval_s) - self._clock()))
-
-    def _interval(self, part: str) -> float:
-        if part == "presence":
-            return self.renew_interval_s
-        if part == "shards":
-            return self.stream.shard_sync_interval_s
-        # a slow table read spaces the polls out: at most half of the store's time goes to reading it
-        return max(self.stream.lease_poll_interval_s, 2 * self.leases.last_read_s)
-
-    def _step_done(self, running: dict[str, asyncio.Task[None]], name: str, _: object) -> None:
-        running.pop(name, None)
-        self._nudge.set()
-
-    def _poll_now(self) -> None:
-        """Run the lease poll at once (a shard ended: its children may be readable)."""
-        self._wake.set()
-        self._nudge.set()
-
-    async def _nap(self, seconds: float) -> None:
-        """Sleep ``seconds`` on the injected sleep, or less when nudged."""
-        nudged = asyncio.ensure_future(self._nudge.wait())
-        nap = asyncio.ensure_future(self._sleep(seconds))
-        try:
-            await asyncio.wait({nudged, nap}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            nudged.cancel()
-            nap.cancel()
-
-    async def _step(self, name: str, update: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        try:
-            await update()
-        except Exception as e:  # any failure of one part: logged and counted, retried when next due
-            if getattr(e, "fatal", False):  # e.g. KclLeaseStore saw a live KCL worker: refuse the table
-                await self.fail(e)
-                return
-            self.counters["step_failures"] += 1
-            log.warning("%s: %s failed (%r); retrying when next due", self.stream.name, name, e)
+        if self.lifecycle.state is CoordinatorState.STARTING:  # not closing meanwhile
+            self.lifecycle.move(CoordinatorState.RUNNING)
+        self.tick.due_now()
 
     async def _poll_and_upkeep(self) -> None:
         try:
@@ -273,34 +227,35 @@ class CoordinatorCore:
 
         Never raises for a failing store or reader (each step logs what it left).
         """
-        if self._close_task is None:
-            self._close_task = asyncio.ensure_future(self._close(release, grace_s, timeout_s))
+        closer = self._begin_close(release, grace_s, timeout_s)
         try:
-            await asyncio.wait_for(asyncio.shield(self._close_task), timeout_s + 1.0)
+            await asyncio.wait_for(asyncio.shield(closer), timeout_s + 1.0)
         except asyncio.TimeoutError:
             log.warning("%s: close did not finish within %.1f s", self.stream.name, timeout_s)
 
+    def _begin_close(self, release: bool, grace_s: float, timeout_s: float) -> asyncio.Future[None]:
+        """Move to CLOSING and start the close, once; returns the close under way."""
+        if self._closer is None:
+            self.lifecycle.move(CoordinatorState.CLOSING)
+            self._closer = asyncio.ensure_future(self._close(release, grace_s, timeout_s))
+        return self._closer
+
     async def _close(self, release: bool, grace_s: float, timeout_s: float) -> None:
         deadline = self._clock() + timeout_s
-        self._closing = self.pool.closing = self.placements.closing = True
-        self._poll_now()
-        steps = self._tasks.running("step-") + self._tasks.running("reader-")
-        if self._task is not None:
-            steps.append(self._task)
-        for task in steps:
-            task.cancel()
-        await asyncio.gather(*steps, return_exceptions=True)
-        opening = self._tasks.running("open-") + self._tasks.running("place")
-        if opening:  # opens under way: let them land (bounded), so they are stopped too
-            await asyncio.wait(opening, timeout=max(0.0, min(grace_s, deadline - self._clock())))
+        await self.tick.stop()
+        await self.pool.starts.cancel()
+        # opens under way: let them land (bounded), so they are stopped too
+        await self.placements.opens.settle(max(0.0, min(grace_s, deadline - self._clock())))
         await close_parts(self, release=release, grace_s=grace_s, deadline=deadline, clock=self._clock,
-                          started=self._task is not None)
+                          started=self.tick.started)
         self.placements.held.clear()
         self._threads.shutdown(wait=False)
-        self._closed.set()
+        self.lifecycle.move(CoordinatorState.FAILED if self._error is not None else CoordinatorState.CLOSED)
+        self._ended.set()
 
     async def fail(self, error: BaseException) -> None:
-        """Park a fatal error, tell ``on_fatal``, close (releasing) in a kept task."""
+        """Park a fatal error, tell ``on_fatal``, and begin the close (releasing) at once:
+        the state is CLOSING when this returns; the close runs on."""
         if self._error is None:
             self._error = error
             log.error("%s: subscription failed: %r", self.stream.name, error)
@@ -309,8 +264,7 @@ class CoordinatorCore:
                     self._on_fatal(error)
                 except Exception:  # the callback's own failure: logged, the close goes on
                     log.exception("on_fatal callback failed")
-        if not self._closing:
-            self._tasks.spawn(self.close(release=True), "close")
+        self._begin_close(release=True, grace_s=5.0, timeout_s=15.0)
 
     def error(self) -> BaseException | None:
         """The parked fatal error, or None."""
@@ -319,7 +273,7 @@ class CoordinatorCore:
     async def wait(self, timeout_s: float | None) -> bool:
         """Wait until closed or failed; True if it ended within ``timeout_s``."""
         try:
-            await asyncio.wait_for(self._closed.wait(), timeout_s)
+            await asyncio.wait_for(self._ended.wait(), timeout_s)
             return True
         except asyncio.TimeoutError:
             return False
@@ -334,7 +288,7 @@ class CoordinatorCore:
         if state is ConsumerState.SHARD_ENDED:
             self.leases.finished.add(shard_id)
             self.counters["shards_ended"] += 1
-            self._poll_now()  # children may be readable now
+            self.tick.due_now("poll")  # children may be readable now
         elif state is ConsumerState.LOST:
             self.counters["leases_lost"] += 1
         elif state is ConsumerState.HANDED_OVER:
@@ -378,7 +332,7 @@ class CoordinatorCore:
             A failed take, forced takeover or handoff request is logged and costs no other.
         """
         view = await self.leases.read()
-        _tick_metrics(self)  # metrics: lease figures, once per poll
+        metrics.coordinator_tick(self)  # lease figures, once per poll (looked up in its module at each call)
         held = self.placements.held
         plan = self.leases.plan(view, held.keys())
         forced = await self.handoffs.settle(view.rows, view.read_at, held, self.leases.shards)
@@ -394,7 +348,7 @@ class CoordinatorCore:
             log.info("%s: room for %d of %d leases to take now; the pool is growing", self.stream.name,
                      len(wanted) - no_room, len(wanted))
             wanted = wanted[:len(wanted) - no_room]
-        taken = await self.leases.take_all(wanted, skip=lambda sid: self._closing or sid in held)
+        taken = await self.leases.take_all(wanted, skip=lambda sid: self.lifecycle.closing or sid in held)
         for t in taken:
             self.handoffs.received(t.shard.shard_id)
         if not no_room:  # no more moves asked for while leases already ours wait for room on a reader
@@ -403,10 +357,10 @@ class CoordinatorCore:
         self.handoffs.pass_on(view.rows, lambda sid: self.placements.handle_of(sid, open_only=True))
         news = [Taken(self.leases.shards[f.shard_id], f, view.read_at) for f in forced] + taken
         opens = [h for h in (self.placements.track(t.shard, t.lease, t.taken_at) for t in news
-                             if not self._closing) if h.state is HeldState.OPENING]
+                             if not self.lifecycle.closing) if h.state is HeldState.OPENING]
         if deadline is None:
             for h in opens:
-                self._tasks.spawn(self.placements.open(h), f"open-{h.shard.shard_id}")
+                self.placements.opens.spawn(self.placements.open(h), f"open-{h.shard.shard_id}")
             return PollOutcome(wanted=len(news) + no_room, opened=0, why="")
         return await self.placements.open_first_pass(opens, news=len(news), no_room=no_room, deadline=deadline)
 

@@ -99,21 +99,29 @@ class Placements:
         owner_id: our owner id.
         spec: the ReaderSpec of a shard.
         on_finished: a shard's row says ``SHARD_END``.
-        tasks / counters / clock: kept tasks, counters (``shards_rehomed``), the injected clock.
+        closing: True once the Coordinator closes (its :class:`~.lifecycle.Lifecycle`):
+            no waiting lease is placed any more.
+        counters / clock: counters (``shards_rehomed``, ``task_errors``), the injected clock.
         call_timeout_s: how long an open waits for the reader, seconds (by default).
     """
 
     def __init__(self, *, pool: ReaderPool, take: Callable[[str], Awaitable[Lease | None]],
                  io: Callable[..., Awaitable[Any]], store: Any, stream: str, owner_id: str,
-                 spec: Callable[[ShardInfo], ReaderSpec], on_finished: Callable[[str], None], tasks: TaskSet,
-                 counters: dict[str, int], clock: Callable[[], float], call_timeout_s: float) -> None:
+                 spec: Callable[[ShardInfo], ReaderSpec], on_finished: Callable[[str], None],
+                 closing: Callable[[], bool], counters: dict[str, int], clock: Callable[[], float],
+                 call_timeout_s: float) -> None:
         self._pool, self._take, self._io, self._store = pool, take, io, store
         self._stream, self._owner = stream, owner_id
         self._spec, self._on_finished = spec, on_finished
-        self._tasks, self.counters, self._clock = tasks, counters, clock
+        self._closing, self.counters, self._clock = closing, counters, clock
+        self.opens = TaskSet(counters)  # opens and placing rounds under way (the close lets them land)
         self._call_timeout_s = call_timeout_s
         self.held: dict[str, Held] = {}
-        self.closing = False
+
+    @property
+    def closing(self) -> bool:
+        """The Coordinator is closing (read from its lifecycle)."""
+        return self._closing()
 
     # ------------------------------------------------------------------ queries
     def load(self, reader_id: int) -> int:
@@ -176,7 +184,7 @@ class Placements:
         """Place the WAITING leases on readers with room, in the background (rounds may
         overlap: each moves the leases it places out of WAITING before any await)."""
         if not self.closing and self.in_state(HeldState.WAITING):
-            self._tasks.spawn(self.place_waiting(), "place")
+            self.opens.spawn(self.place_waiting(), "place")
 
     async def place_waiting(self) -> None:
         """Re-take and open every WAITING lease on readers with room (PLACING, then OPENING)."""
@@ -216,7 +224,7 @@ class Placements:
                 held.move(HeldState.WAITING)
         if self.held.get(shard_id) is held and held.state is HeldState.WAITING and not self.closing:
             log.info("shard %s: its new reader is gone or the re-take failed; placing it again", shard_id)
-            self._tasks.spawn(self.place_waiting(), "place")
+            self.opens.spawn(self.place_waiting(), "place")
 
     async def _retake(self, shard_id: str) -> Lease | None:
         for _ in range(_RETAKES):
@@ -269,7 +277,7 @@ class Placements:
         done, _ = await asyncio.wait(tasks, timeout=max(0.0, deadline - self._clock())) if tasks else (set(), set())
         for task in tasks:
             if task not in done:
-                self._tasks.keep(task)
+                self.opens.keep(task)
         events = [t.result() for t in done if t.exception() is None]
         failures = [t.exception() for t in done if t.exception() is not None]
         unconfirmed = sum(1 for e in events if e is None)

@@ -101,7 +101,10 @@ class ReaderPool:
         on_event: a consumer of a reader ended (what its ``events`` reported).
         on_gone: a READY reader died; its leases need a new home.
         on_ready: a reader became READY (room for waiting leases).
-        tasks: where background tasks are kept.
+        tasks: where the readers' watches are kept (the pool keeps its reader starts in
+            :attr:`starts`, which the close cancels).
+        closing: True once the Coordinator closes (its :class:`~.lifecycle.Lifecycle`):
+            no reader is started, a reader that answers then is dropped.
         counters: ``reader_start_failures`` and ``readers_replaced`` are counted here.
         clock / sleep: the injected monotonic clock (s) and sleep.
         call_timeout_s: the timeout of each reader call, seconds.
@@ -112,14 +115,15 @@ class ReaderPool:
     def __init__(self, *, launch: Launcher, max_shards_per_reader: int, load: Callable[[int], int],
                  on_event: Callable[[PooledReader, ShardEvent], Awaitable[None]],
                  on_gone: Callable[[PooledReader, BaseException], Awaitable[None]],
-                 on_ready: Callable[[], None], tasks: TaskSet, counters: dict[str, int],
+                 on_ready: Callable[[], None], tasks: TaskSet, closing: Callable[[], bool], counters: dict[str, int],
                  clock: Callable[[], float], sleep: Sleep, call_timeout_s: float, start_timeout_s: float,
                  retry_s: float) -> None:
         self._launch = launch
         self.cap = max_shards_per_reader
         self._load = load
         self._on_event, self._on_gone, self._on_ready = on_event, on_gone, on_ready
-        self._tasks = tasks
+        self._tasks, self._closing = tasks, closing
+        self.starts = TaskSet(counters)  # the readers starting now
         self.counters = counters
         self._clock, self._sleep = clock, sleep
         self._call_timeout_s, self._start_timeout_s, self._retry_s = call_timeout_s, start_timeout_s, retry_s
@@ -129,7 +133,11 @@ class ReaderPool:
         self.failures_in_a_row = 0
         self.last_start_error: BaseException | None = None
         self.room = asyncio.Event()  # set when a reader becomes ready or a lease ends
-        self.closing = False
+
+    @property
+    def closing(self) -> bool:
+        """The Coordinator is closing (read from its lifecycle)."""
+        return self._closing()
 
     # ------------------------------------------------------------------ queries
     def ready(self) -> list[PooledReader]:
@@ -173,7 +181,7 @@ class ReaderPool:
         for _ in range(max(0, pool_size(leases, self.cap) - len(self.readers))):
             reader = PooledReader(next(self._ids))
             self.readers[reader.id] = reader
-            self._tasks.spawn(self._start(reader), f"reader-{reader.id}")
+            self.starts.spawn(self._start(reader), f"reader-{reader.id}")
 
     def drop(self, reader: PooledReader) -> None:
         """Forget ``reader`` and kill its actor (state GONE)."""

@@ -1,5 +1,9 @@
 """Kept background tasks: every task the Coordinator starts is held until it ends, and its
-unexpected error is logged and counted (never lost with an unkept ``create_task``)."""
+unexpected error is logged and counted (never lost with an unkept ``create_task``).
+
+Each concern owns its own :class:`TaskSet` (the core's tick steps, the pool's reader
+starts, the placements' opens, the rest): the close cancels or waits for a set it holds,
+never tasks picked out by their names (a task's name is for the log only)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ Sleep = Callable[[float], Awaitable[None]]
 
 
 class TaskSet:
-    """The background tasks of one Coordinator.
+    """One group of background tasks of a Coordinator.
 
     Args:
         counters: the Coordinator's counters; ``task_errors`` counts tasks that ended with
@@ -30,7 +34,7 @@ class TaskSet:
         counters.setdefault("task_errors", 0)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        """Start ``coro`` as a kept task named ``name``; returns it."""
+        """Start ``coro`` as a kept task; ``name`` names it in the log only. Returns the task."""
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._done)
@@ -50,6 +54,20 @@ class TaskSet:
             self._counters["task_errors"] += 1
             log.error("background task %s failed", task.get_name(), exc_info=error)
 
-    def running(self, prefix: str = "") -> list[asyncio.Task[Any]]:
-        """The tasks still running whose name starts with ``prefix``."""
-        return [t for t in self._tasks if not t.done() and t.get_name().startswith(prefix)]
+    def running(self) -> list[asyncio.Task[Any]]:
+        """The tasks of this set still running."""
+        return [t for t in self._tasks if not t.done()]
+
+    async def cancel(self) -> None:
+        """Cancel every running task of this set and wait until each has ended (their
+        errors are not raised here: :meth:`_done` logs them)."""
+        tasks = self.running()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def settle(self, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` seconds for the running tasks of this set to end; never raises."""
+        tasks = self.running()
+        if tasks and timeout_s > 0:
+            await asyncio.wait(tasks, timeout=timeout_s)

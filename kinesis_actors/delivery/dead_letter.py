@@ -22,10 +22,11 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
-from ..backoff import Backoff
+from ..backoff import Backoff, Retry
 from ..errors import InvalidError, SinkError
 from ..records import Record
 
@@ -121,22 +122,20 @@ class DeadLetterWriter:
             return
         items = [(dead_letter_document(r, reason=reason, error=err, attempts=n), r.shard_id)
                  for r, reason, err, n in letters]
-        attempt = 0
-        while True:
-            try:
-                await self._publish(items)
-                break
-            except InvalidError as e:
-                first = letters[0][0]
-                raise SinkError(f"shard {first.shard_id}: a dead letter for sequence number "
-                                f"{first.sequence_number} cannot be written ({e}); not skipping it") from e
-            except Exception as e:
-                attempt += 1
-                self._stats["dead_letter_failures"] = self._stats.get("dead_letter_failures", 0) + 1
-                pause = self._backoff.delay_s(attempt, rng=self._rng) if self._rng else self._backoff.delay_s(attempt)
-                log.warning("shard %s: writing %d dead letters failed (%r); retry %d in %.2f s",
-                            letters[0][0].shard_id, len(items), e, attempt, pause)
-                await self._sleep(pause)
+
+        def failed(e: Exception, attempt: int, pause: float) -> None:
+            self._stats["dead_letter_failures"] = self._stats.get("dead_letter_failures", 0) + 1
+            log.warning("shard %s: writing %d dead letters failed (%r); retry %d in %.2f s",
+                        letters[0][0].shard_id, len(items), e, attempt, pause)
+
+        try:  # no bound: the records stay unacknowledged until their dead letters are written
+            await Retry(self._backoff, rng=self._rng or random.random).call_async(
+                lambda: self._publish(items), retry_on=lambda e: not isinstance(e, InvalidError), on_retry=failed,
+                sleep=self._sleep)
+        except InvalidError as e:
+            first = letters[0][0]
+            raise SinkError(f"shard {first.shard_id}: a dead letter for sequence number "
+                            f"{first.sequence_number} cannot be written ({e}); not skipping it") from e
         self._stats["dead_letter_records"] = self._stats.get("dead_letter_records", 0) + len(items)
         log.warning("shard %s: %d records sent to the dead letters (%s)", letters[0][0].shard_id, len(items),
                     ", ".join(sorted({reason for _, reason, _, _ in letters})))

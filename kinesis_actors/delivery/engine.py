@@ -40,10 +40,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
-from ..backoff import Backoff
+from ..backoff import Backoff, Retry
 from ..errors import LeaseLostError, SinkError
 from ..records import Record
 from .dead_letter import DeadLetter, DeadLetterWriter
@@ -258,9 +259,10 @@ class DeliveryEngine:
             if not remaining:
                 return [], None
             self._bump("sink_failures")
-            if attempt > retries:
+            retry = Retry(self._backoff, max_attempts=retries + 1, rng=self._rng or random.random)  # on failure only
+            pause = retry.pause_s(attempt, started=0.0)
+            if pause is None:  # retries + 1 attempts made
                 return remaining, error
-            pause = self._backoff.delay_s(attempt, rng=self._rng) if self._rng else self._backoff.delay_s(attempt)
             log.info("shard %s: sink failed on %d records (%r); retry %d in %.2f s", self._shard_id, len(remaining),
                      error, attempt, pause)
             await self._sleep(pause)
@@ -314,7 +316,8 @@ class OneLane:
 
     Args:
         deliver: ``async deliver(batch, on_ack)``, e.g. :meth:`DeliveryEngine.deliver`.
-        checkpoint: ``async checkpoint(record)``: every record up to it is acknowledged.
+        checkpoint: ``async checkpoint(record, partial)``: every record up to ``record`` is
+            acknowledged; ``partial`` when the rest of its batch is retried.
         acked: called with records once they are acknowledged (the counters).
         size: most records per batch. refill_below: :meth:`can_fetch` while fewer are held.
         sleep: ``async sleep`` on the injected clock (the timeout of :meth:`wait`).
@@ -322,8 +325,8 @@ class OneLane:
     """
 
     def __init__(self, deliver: Callable[[Sequence[Record], OnAck], Awaitable[Any]],
-                 checkpoint: Callable[[Record], Awaitable[None]], acked: Callable[[Sequence[Record]], object], *,
-                 size: int, refill_below: int, sleep: Callable[[float], Awaitable[Any]],
+                 checkpoint: Callable[[Record, bool], Awaitable[None]], acked: Callable[[Sequence[Record]], object],
+                 *, size: int, refill_below: int, sleep: Callable[[float], Awaitable[Any]],
                  stats: MutableMapping[str, Any]) -> None:
         self._deliver, self._checkpoint, self._acked = deliver, checkpoint, acked
         self._size, self._refill_below, self._sleep = size, refill_below, sleep
@@ -385,7 +388,7 @@ class OneLane:
             nonlocal done
             self._acked(batch[done:n])
             done = n
-            await self._checkpoint(batch[n - 1])
+            await self._checkpoint(batch[n - 1], n < len(batch))
 
         await self._deliver(batch, on_ack)
         self.stats["batches"] = self.stats.get("batches", 0) + 1

@@ -28,11 +28,12 @@ import functools
 import json
 import logging
 import math
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import ray
+
+from ..clock import monotonic_s, wall_s
 
 __all__ = [
     "COLUMNS",
@@ -420,7 +421,7 @@ class FlightAggregatorImpl:
         Returns:
             How many records of the batch were new events.
         """
-        now = time.monotonic()
+        now = monotonic_s()
         if self.first_monotonic is None:
             self.first_monotonic = now
         self.last_monotonic = now
@@ -438,7 +439,7 @@ class FlightAggregatorImpl:
             first, last = records[0], records[-1]
             shard = getattr(first, "shard_id", None) or "?"
             self.deliveries.setdefault(shard, []).append(
-                (time.time(), str(getattr(first, "sequence_number", "")), str(getattr(last, "sequence_number", "")),
+                (wall_s(), str(getattr(first, "sequence_number", "")), str(getattr(last, "sequence_number", "")),
                  new, len(records) - new))
         return new
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import click
 
+from ..clock import monotonic_s, wall_s
 from ..console import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -87,7 +88,7 @@ class DemoRun:
     def __init__(self, opts: DemoOptions) -> None:
         self.opts = opts
         self.suffix = uuid.uuid4().hex[:8]
-        self.t_start = time.monotonic()
+        self.t_start = monotonic_s()
         self.out = console()
         self.events: list[tuple[int, bytes, str]] = []  # (event id, JSON, partition key)
         self.first_day = self.last_day = ""
@@ -109,7 +110,7 @@ class DemoRun:
 
     def _say(self, message: str) -> None:
         """A step message on stderr, prefixed with the seconds since the run started."""
-        click.echo(f"[{time.monotonic() - self.t_start:6.1f} s] {message}", err=True)
+        click.echo(f"[{monotonic_s() - self.t_start:6.1f} s] {message}", err=True)
 
     # -- the whole run
     def run(self) -> int:
@@ -166,7 +167,7 @@ class DemoRun:
             ok = self._await_delivery(consumer)
         finally:
             consumer.stop()
-        self.t_done = consumer.t_last_new or time.monotonic()
+        self.t_done = consumer.t_last_new or monotonic_s()
         if ok:
             self._say(f"all {len(self.events)} events delivered")
         lagging = self._await_checkpoints() if ok else sorted(self.last_sequence)
@@ -253,12 +254,12 @@ class DemoRun:
         aws_call("CreateStream", lambda: kinesis.create_stream(StreamName=o.stream, ShardCount=o.shards))
         if not (target.embedded or o.keep):
             stack.callback(self._delete_stream, kinesis)
-        deadline = time.monotonic() + 120
+        deadline = monotonic_s() + 120
         while True:
             summary = aws_call("DescribeStreamSummary", lambda: kinesis.describe_stream_summary(StreamName=o.stream))
             if summary["StreamDescriptionSummary"]["StreamStatus"] == "ACTIVE":
                 break
-            if time.monotonic() > deadline:
+            if monotonic_s() > deadline:
                 raise CliError(f"stream {o.stream!r} did not become ACTIVE within 120 s")
             time.sleep(0.5)
         self._say(f"created stream {o.stream} ({o.shards} shards) in {target.describe()}")
@@ -353,8 +354,8 @@ class DemoRun:
     def _await_leases(self) -> None:
         """Wait until every shard has an owner (and, with several instances, until they share)."""
         o = self.opts
-        deadline = time.monotonic() + max(10.0, 3 * o.lease_poll_interval_s + o.lease_duration_s)
-        while time.monotonic() < deadline:
+        deadline = monotonic_s() + max(10.0, 3 * o.lease_poll_interval_s + o.lease_duration_s)
+        while monotonic_s() < deadline:
             self._check_subscriptions()
             rows = self._lease_rows()
             owners = {r["owner"] for r in rows if r["owner"]}
@@ -378,7 +379,7 @@ class DemoRun:
         publisher = self.conns[-1].publisher(o.stream)  # the last instance is never crashed
         items = [(data, key) for _, data, key in self.events]
         half = len(items) // 2
-        self.t_first_put = time.monotonic()
+        self.t_first_put = monotonic_s()
         with progress(len(items), "publish", "ev", enabled=bool(o.progress), position=0) as bar:
             i = 0
             while i < len(items):
@@ -393,13 +394,13 @@ class DemoRun:
                             self.last_sequence[res.shard_id] = res.sequence_number
                     self.published += len(chunk)
                     self.published_bytes += sum(len(d) for d, _ in chunk)
-                    took = time.monotonic() - self.t_first_put
+                    took = monotonic_s() - self.t_first_put
                     bar.update(len(chunk))
                     bar.set_postfix_str(f"{rate(self.published_bytes, took) / 1e6:.2f} MB/s", refresh=False)
                 i = end
                 if o.failover and self.crashed is None and i >= half:
                     self._crash_one()
-        self.publish_s = time.monotonic() - self.t_first_put
+        self.publish_s = monotonic_s() - self.t_first_put
 
     def _crash_one(self) -> None:
         """Crash the instance holding the most leases (never the only live one): no release."""
@@ -408,7 +409,7 @@ class DemoRun:
         # Not the last instance: it is the catch-all that can take every orphaned shard.
         victim = max(range(len(self.owner_ids) - 1), key=lambda i: (held[self.owner_ids[i]], -i))
         shards = sorted(r["shard_id"] for r in rows if r["owner"] == self.owner_ids[victim])
-        at = time.time()
+        at = wall_s()
         self.subs[victim].abort()
         self.crashed = victim
         self.crash = {"at": at, "shards": shards, "owner": self.owner_ids[victim]}
@@ -422,15 +423,15 @@ class DemoRun:
     def _watch_takeover(self) -> None:
         """Sample the lease table every 0.1 s until the crashed instance's rows have new owners."""
         shards, victim = self.crash["shards"], self.crash["owner"]
-        deadline = time.time() + 10 * self.opts.lease_duration_s + 30
-        while time.time() < deadline and self.target is not None:
+        deadline = wall_s() + 10 * self.opts.lease_duration_s + 30
+        while wall_s() < deadline and self.target is not None:
             try:
                 rows = {r["shard_id"]: r["owner"] for r in self._lease_rows()}
             except Exception:
                 rows = {}
             owners = [rows.get(s) for s in shards]
             if owners and all(o not in (None, victim) for o in owners):
-                self.crash["owned_at"] = time.time()
+                self.crash["owned_at"] = wall_s()
                 self.crash["new_owners"] = sorted({o for o in owners if o is not None})
                 return
             time.sleep(_TAKEOVER_SAMPLE_S)
@@ -438,12 +439,12 @@ class DemoRun:
     def _await_delivery(self, consumer: _ConsumeWatcher) -> bool:
         o = self.opts
         total = len(self.events)
-        last_change, last_seen, next_check = time.monotonic(), -1, 0.0
+        last_change, last_seen, next_check = monotonic_s(), -1, 0.0
         while True:
             distinct = consumer.distinct
             if distinct >= total:
                 return True
-            now = time.monotonic()
+            now = monotonic_s()
             if distinct != last_seen:
                 last_seen, last_change = distinct, now
             elif now - last_change > o.timeout_s:
@@ -457,7 +458,7 @@ class DemoRun:
     def _await_checkpoints(self) -> list[str]:
         """Wait (a few renew intervals at most) until every shard's checkpoint reaches the last
         record published to it; returns the shard ids still behind."""
-        deadline = time.monotonic() + max(5.0, 3 * self.opts.renew_interval_s)
+        deadline = monotonic_s() + max(5.0, 3 * self.opts.renew_interval_s)
         while True:
             rows = {r["shard_id"]: r for r in self._lease_rows()}
             behind = [
@@ -465,7 +466,7 @@ class DemoRun:
                 if not (rows.get(shard) and (rows[shard]["checkpoint"] or "").isdigit()
                         and int(rows[shard]["checkpoint"]) >= int(seq))
             ]  # fmt: skip
-            if not behind or time.monotonic() > deadline:
+            if not behind or monotonic_s() > deadline:
                 return behind
             time.sleep(0.2)
 
@@ -561,7 +562,7 @@ class DemoRun:
             out.print(table)
 
         assert self.t_first_put is not None
-        consume_s = max(1e-9, (self.t_done or time.monotonic()) - self.t_first_put)
+        consume_s = max(1e-9, (self.t_done or monotonic_s()) - self.t_first_put)
         mb = self.published_bytes / 1e6
         out.print("throughput")
         out.print(f"  publish  {self.published} events, {mb:.2f} MB in {self.publish_s:.2f} s: "
@@ -635,10 +636,10 @@ class _ConsumeWatcher:
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="consume-watcher", daemon=True)
-        self._started = time.monotonic()
+        self._started = monotonic_s()
 
     def start(self) -> None:
-        self._started = time.monotonic()
+        self._started = monotonic_s()
         self._thread.start()
 
     def stop(self) -> None:
@@ -661,9 +662,9 @@ class _ConsumeWatcher:
                 if p["distinct"] > self.distinct:
                     bar.update(p["distinct"] - self.distinct)
                     self.distinct = p["distinct"]
-                    self.t_last_new = time.monotonic()
+                    self.t_last_new = monotonic_s()
                 self.bytes = p["bytes"]
-                took = time.monotonic() - self._started
+                took = monotonic_s() - self._started
                 bar.set_postfix_str(f"{rate(self.bytes, took) / 1e6:.2f} MB/s, dup {p['duplicates']}", refresh=True)
                 if stopping:
                     return

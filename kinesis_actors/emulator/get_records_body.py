@@ -2,9 +2,8 @@
 
 moto 5.2 serialises every response through its generic, model-driven serializer, which
 walks the botocore shape of each member of each record. For ``GetRecords`` that is
-most of the emulator's CPU: while a client drains 4 shards at about 10,000 records/s,
-moto spent about 0.9 of a core, 82 % of its samples in that serializer (py-spy, 2 cores
-shared with the client: every CPU second moto spends is taken from the code under test).
+most of the emulator's CPU, and every CPU second moto spends is taken from the code under
+test on the same machine (figures: ``bench/DESIGN_FIGURES.md``).
 The patched ``KinesisResponse.get_records`` asks the same backend call for the same
 records and writes the JSON document itself: the same members, the same values (``Data``
 base64, ``SequenceNumber`` a string, ``ApproximateArrivalTimestamp`` epoch seconds
@@ -14,13 +13,12 @@ type. Errors are untouched: the backend raises moto's ``ServiceException``s, whi
 turns into error responses as before. A request in another protocol (CBOR) takes moto's
 own path. :func:`body_matches_stock` compares the two bodies for the same records.
 
-Three more costs per record went, measured by py-spy on the emulator serving 10,000-record
-responses (about 120 ms of CPU each before): moto's ``TimestampSerializer`` per arrival
-time (37 % of the samples; :func:`unix_timestamp` is the same arithmetic on the datetime
-moto stores), ``json.dumps`` (18 %; msgspec, already our dependency, writes the same
-document), and the regular expression moto runs over every response body to fill in an
-XML ``<RequestId>`` (22 %; a JSON body holds none, so the patched ``_enrich_response``
-sets the headers as moto does and leaves the body as it is).
+Three more costs per record go: moto's ``TimestampSerializer`` per arrival time
+(:func:`unix_timestamp` is the same arithmetic on the datetime moto stores),
+``json.dumps`` (msgspec, already our dependency, writes the same document), and the
+regular expression moto runs over every response body to fill in an XML ``<RequestId>``
+(a JSON body holds none, so the patched ``_enrich_response`` sets the headers as moto
+does and leaves the body as it is).
 """
 
 from __future__ import annotations

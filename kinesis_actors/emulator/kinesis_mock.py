@@ -41,6 +41,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..clock import monotonic_s
 from .errors import EmulatorError
 
 __all__ = ["KinesisMock", "install_kinesis_local", "KINESIS_LOCAL_VERSION", "kinesis_local_dir"]
@@ -228,7 +229,7 @@ class KinesisMock:
             pass
 
     def _await_http(self, proc: subprocess.Popen[bytes]) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
+        deadline = monotonic_s() + self.startup_timeout_s
         body = json.dumps({}).encode()
         while True:
             request = urllib.request.Request(self.endpoint, data=body, method="POST", headers={
@@ -241,7 +242,7 @@ class KinesisMock:
                 return  # an HTTP answer, even an error, means it serves
             except (urllib.error.URLError, OSError):
                 pass
-            if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is not None or monotonic_s() > deadline:
                 if self._drain is not None:
                     self._drain.join(1.0)
                 what = f"exited with code {proc.returncode}" if proc.poll() is not None else \

@@ -30,12 +30,12 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 import weakref
 from typing import Any
 
+from ..clock import monotonic_s
 from ..errors import InvalidError
 from .errors import EmulatorError
 from .kinesis_mock import KinesisMock
@@ -203,7 +203,7 @@ class Emulator:
             if self._proc is not None and self._proc.poll() is None:
                 return self
             self._stop_locked()
-            deadline = time.monotonic() + self.startup_timeout_s
+            deadline = monotonic_s() + self.startup_timeout_s
             proc = self._spawn()
             try:
                 endpoint = self._await_endpoint(proc, deadline)
@@ -368,7 +368,7 @@ class Emulator:
             code = proc.poll()
             if code is not None:
                 raise self._failure(proc, f"exited with code {code} before reporting its endpoint")
-            if time.monotonic() > deadline:
+            if monotonic_s() > deadline:
                 raise self._failure(proc, f"did not report its endpoint within {self.startup_timeout_s:g} s")
 
     def _await_http(self, proc: subprocess.Popen[str], endpoint: str, deadline: float) -> None:
@@ -387,7 +387,7 @@ class Emulator:
             code = proc.poll()
             if code is not None:
                 raise self._failure(proc, f"exited with code {code} while starting")
-            if time.monotonic() > deadline:
+            if monotonic_s() > deadline:
                 what = f"did not answer HTTP at {endpoint} within {self.startup_timeout_s:g} s ({last})"
                 raise self._failure(proc, what)
             threading.Event().wait(0.05)

@@ -4,8 +4,9 @@
 - :class:`DynamoLeaseStore`: the rows in a DynamoDB table (shared by instances, durable).
 - :class:`KclLeaseStore`: an existing KCL 2.x/3.x application's lease table, in KCL's schema.
 
-All three share the lease logic (:class:`~kinesis_actors.leases.base.BaseLeaseStore`);
-``kinesis_actors.testing.InProcessLeaseStore`` is the same logic with rows in this process.
+All three are one class of rules (:class:`~kinesis_actors.leases.rules.LeaseRules`) over
+their own table (:class:`~kinesis_actors.leases.rows.LeaseTable`);
+``kinesis_actors.testing.InProcessLeaseStore`` is the same rules with rows in this process.
 """
 
 from .dynamodb import DynamoLeaseStore

@@ -1,7 +1,7 @@
 """:class:`DynamoLeaseStore`: the lease table in Amazon DynamoDB (KCL style), shared by instances.
 
-The lease logic is in :class:`~kinesis_actors.leases.base.BaseLeaseStore`; this module
-maps its four primitives onto DynamoDB:
+The lease rules are :class:`~kinesis_actors.leases.rules.LeaseRules`'s; :class:`DynamoRows`
+maps the table interface (:class:`~kinesis_actors.leases.rows.LeaseTable`) onto DynamoDB:
 
 - read: ``GetItem`` with ``ConsistentRead=True``;
 - scan: ``Scan`` with ``ConsistentRead=True``, a ``FilterExpression`` on the ``stream``
@@ -18,6 +18,13 @@ created (``CreateTable``, ``PAY_PER_REQUEST``, hash key ``lease_key`` S; a concu
 creator's ``ResourceInUseException`` is fine), then the ``table_exists`` waiter waits
 until it is ACTIVE. ``checkpoint`` is stored as S: Kinesis sequence numbers have 56
 digits, more than a DynamoDB number holds.
+
+Retries live in one layer. The client is built with botocore's retries off
+(``max_attempts=0``): the holder's writes (renewals, checkpoints) are retried by the reader's
+lease keeper until the lease's own deadline, and the Coordinator's reads and takes run again
+at its next lease poll. botocore's retries under those would stack (three attempts, each up
+to the read timeout, inside one attempt of ours), and a renewal could then outlive the
+deadline it is retried against.
 """
 
 from __future__ import annotations
@@ -27,16 +34,16 @@ import functools
 import logging
 import re
 import threading
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..aws import AwsSettings
+from ..clock import Clock, WallClock, monotonic_s, wall_s
 from ..errors import InvalidError, KinesisError, LeaseStoreError, aws_error_code, translate_aws_error
-from .base import BaseLeaseStore
 from .rows import COUNTER, KEY, OWNER, STREAM, Row
+from .rules import LeaseRules
 
-__all__ = ["DynamoLeaseStore"]
+__all__ = ["DynamoLeaseStore", "DynamoRows"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +60,7 @@ def _method_name(operation: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", operation).lower()
 
 
-def _to_attr(value: Any) -> dict[str, Any]:
+def to_attr(value: Any) -> dict[str, Any]:
     """Python value -> DynamoDB AttributeValue (str: S, int: N, tuple/list/set of str: SS)."""
     if isinstance(value, bool):
         return {"BOOL": value}
@@ -66,7 +73,7 @@ def _to_attr(value: Any) -> dict[str, Any]:
     raise TypeError(f"cannot store {type(value).__name__} in the lease table")
 
 
-def _from_attr(attr: Mapping[str, Any]) -> Any:
+def from_attr(attr: Mapping[str, Any]) -> Any:
     """DynamoDB AttributeValue -> Python value (N: int when integral)."""
     (kind, value), = attr.items()
     if kind == "S":
@@ -79,7 +86,7 @@ def _from_attr(attr: Mapping[str, Any]) -> Any:
     if kind == "SS":
         return tuple(sorted(value))
     if kind == "L":
-        return tuple(_from_attr(v) for v in value)
+        return tuple(from_attr(v) for v in value)
     if kind == "BOOL":
         return bool(value)
     if kind == "NULL":
@@ -87,12 +94,12 @@ def _from_attr(attr: Mapping[str, Any]) -> Any:
     return value
 
 
-def _to_item(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: _to_attr(value) for name, value in row.items() if value is not None and value != ()}
+def to_item(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: to_attr(value) for name, value in row.items() if value is not None and value != ()}
 
 
-def _from_item(item: Mapping[str, Any]) -> Row:
-    return {name: _from_attr(attr) for name, attr in item.items()}
+def from_item(item: Mapping[str, Any]) -> Row:
+    return {name: from_attr(attr) for name, attr in item.items()}
 
 
 def _frozen_session_settings(session: Any) -> tuple[tuple[str, str, str | None] | None, str | None]:
@@ -105,8 +112,235 @@ def _frozen_session_settings(session: Any) -> tuple[tuple[str, str, str | None] 
     return frozen, session.region_name
 
 
-class DynamoLeaseStore(BaseLeaseStore):
-    """The lease table in DynamoDB: strongly consistent reads, conditional writes.
+class DynamoRows:
+    """A DynamoDB table as a :class:`~kinesis_actors.leases.rows.LeaseTable`, and the one
+    client of it (settings, lazy client, error translation) that ``KclRows`` reuses.
+
+    Picklable: the boto3 client is rebuilt lazily in each process; a ``boto3.Session`` is
+    frozen into its credentials and region when pickled.
+
+    Args:
+        table: table name. create_if_missing: create the table on first use if missing.
+        endpoint / region / test_credentials / session: see :class:`DynamoLeaseStore`.
+        scan_page_size: ``Limit`` of each ``Scan`` page, or None.
+    """
+
+    presence = True
+
+    def __init__(self, table: str, *, create_if_missing: bool = False, endpoint: str | None = None,
+                 region: str | None = None, test_credentials: bool | None = None, session: Any = None,
+                 scan_page_size: int | None = None) -> None:
+        self.table = table
+        self.create_if_missing = create_if_missing
+        self._endpoint = endpoint
+        self._region = region
+        self._test_credentials = test_credentials
+        self._session = session
+        self._frozen_session: tuple[Any, str | None] | None = None
+        self._inherited: AwsSettings | None = None
+        self.faults: Any = None  # a test fault injector (kinesis_actors.testing.with_faults)
+        self._scan_page_size = scan_page_size
+        self._init_client()
+
+    def _init_client(self) -> None:
+        self.client: Any = None  # built on first use
+        self._client_lock = threading.Lock()
+        self.ready = False  # the table was checked (and created) in this process
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("client", "_client_lock", "ready")}
+        session = state.pop("_session", None)
+        if session is not None:  # a boto3 Session cannot be pickled: freeze what it holds
+            state["_frozen_session"] = _frozen_session_settings(session)
+        state["_session"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_client()
+
+    def peer(self) -> DynamoRows:
+        """This table: boto3 clients are thread-safe, and it keeps nothing per store."""
+        return self
+
+    def bound(self, aws: AwsSettings) -> DynamoRows:
+        """A copy whose unset settings come from ``aws`` (a new client; no I/O)."""
+        other = object.__new__(DynamoRows)
+        other.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("client", "_client_lock", "ready")})
+        other._init_client()
+        other._inherited = aws
+        return other
+
+    @property
+    def endpoint(self) -> str | None:
+        """The endpoint URL in effect (explicit, else inherited), or None."""
+        return self._endpoint if self._endpoint is not None else (self._inherited.endpoint if self._inherited else None)
+
+    def settings(self) -> AwsSettings:
+        """The AWS settings in effect: explicit values, then the inherited ones (see :class:`DynamoLeaseStore`)."""
+        own = AwsSettings(endpoint=self._endpoint, region=self._region, test_credentials=bool(self._test_credentials))
+        frozen = _frozen_session_settings(self._session) if self._session is not None else self._frozen_session
+        if frozen is not None:
+            credentials, session_region = frozen
+            own = dataclasses.replace(own, test_credentials=False, credentials=credentials,
+                                      region=own.region or session_region)
+        merged = own if self._inherited is None else own.merged_over(self._inherited)
+        if self._inherited is not None and (self._test_credentials is False or frozen is not None):
+            merged = dataclasses.replace(merged, test_credentials=False)
+        if self.faults is not None:
+            merged = dataclasses.replace(merged, faults=self.faults)
+        return merged
+
+    def client_now(self) -> Any:
+        """The boto3 DynamoDB client of this process (built on first use, botocore retries off)."""
+        if self.client is None:
+            settings = self.settings()
+            with _CLIENT_LOCK:
+                if self.client is None:
+                    self.client = settings.client("dynamodb", max_attempts=0)
+        return self.client
+
+    def translate(self, exc: BaseException, operation: str) -> KinesisError:
+        """Every botocore error of this table goes through here (then ``raise ... from exc``)."""
+        translated = translate_aws_error(exc, operation=operation, resource=self.table)
+        code = translated.aws_code or aws_error_code(exc)
+        if code == "ResourceNotFoundException":
+            self.ready = False
+            return LeaseStoreError(f"lease table {self.table!r} does not exist ({operation})", aws_code=code)
+        if isinstance(translated, (InvalidError, LeaseStoreError)):
+            return translated
+        return LeaseStoreError(f"lease table {self.table!r}: {translated}", aws_code=code,
+                               retriable=translated.retriable)
+
+    def api(self, operation: str, *, conditional: bool = False, **kwargs: Any) -> Any:
+        """Call one DynamoDB API (one attempt); None when ``conditional`` and the condition failed.
+
+        Raises:
+            LeaseStoreError / InvalidError: any other error, translated (:meth:`translate`).
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        method = getattr(self.client_now(), _method_name(operation))
+        try:
+            return method(**kwargs)
+        except (ClientError, BotoCoreError) as e:
+            if conditional and aws_error_code(e) == "ConditionalCheckFailedException":
+                return None
+            raise self.translate(e, operation) from e
+
+    def ensure_table(self) -> None:
+        """Check the table once per process; create it (``create_if_missing``) and wait until ACTIVE.
+
+        Raises:
+            LeaseStoreError: missing without ``create_if_missing``, or not ACTIVE in time.
+        """
+        if self.ready:
+            return
+        with self._client_lock:
+            if not self.ready:
+                self._check_or_create(self.client_now())
+                self.ready = True
+
+    def _check_or_create(self, client: Any) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError, WaiterError
+
+        status = None
+        try:
+            status = client.describe_table(TableName=self.table)["Table"].get("TableStatus")
+        except (ClientError, BotoCoreError) as e:
+            if aws_error_code(e) != "ResourceNotFoundException":
+                raise self.translate(e, "DescribeTable") from e
+            if not self.create_if_missing:
+                raise LeaseStoreError(f"lease table {self.table!r} does not exist (create it, or pass "
+                                      "create_if_missing=True)", aws_code="ResourceNotFoundException") from e
+            try:
+                client.create_table(TableName=self.table, BillingMode="PAY_PER_REQUEST",
+                                    AttributeDefinitions=[{"AttributeName": KEY, "AttributeType": "S"}],
+                                    KeySchema=[{"AttributeName": KEY, "KeyType": "HASH"}])
+                logger.info("created lease table %s", self.table)
+            except (ClientError, BotoCoreError) as e2:
+                if aws_error_code(e2) != "ResourceInUseException":  # another instance created it first
+                    raise self.translate(e2, "CreateTable") from e2
+        if status != "ACTIVE":
+            try:
+                client.get_waiter("table_exists").wait(
+                    TableName=self.table, WaiterConfig={"Delay": _WAITER_DELAY_S, "MaxAttempts": _WAITER_MAX_ATTEMPTS})
+            except WaiterError as e:
+                raise LeaseStoreError(f"lease table {self.table!r} did not become ACTIVE", retriable=True) from e
+            except (ClientError, BotoCoreError) as e:
+                raise self.translate(e, "DescribeTable") from e
+
+    # ------------------------------------------------------------------ the table interface
+    def read(self, key: str) -> Row | None:
+        """``GetItem`` with ``ConsistentRead``."""
+        self.ensure_table()
+        item = self.api("GetItem", TableName=self.table, Key={KEY: {"S": key}}, ConsistentRead=True).get("Item")
+        return from_item(item) if item else None
+
+    def scan(self, stream: str) -> list[Row]:
+        """Consistent ``Scan`` pages filtered on the stream and its key prefixes."""
+        self.ensure_table()
+        kwargs: dict[str, Any] = {
+            "TableName": self.table, "ConsistentRead": True,
+            "FilterExpression": "#stream = :stream AND (begins_with(#key, :prefix) OR begins_with(#key, :presence))",
+            "ExpressionAttributeNames": {"#stream": STREAM, "#key": KEY},
+            "ExpressionAttributeValues": {":stream": {"S": stream}, ":prefix": {"S": f"{stream}:"},
+                                          ":presence": {"S": f"{stream}#instance#"}},
+        }
+        if self._scan_page_size is not None:
+            kwargs["Limit"] = self._scan_page_size
+        rows: list[Row] = []
+        while True:
+            response = self.api("Scan", **kwargs)
+            rows.extend(from_item(item) for item in response.get("Items", ()))
+            if not response.get("LastEvaluatedKey"):
+                return rows
+            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+
+    def put_new(self, row: Row) -> bool:
+        """``PutItem`` on ``attribute_not_exists(lease_key)``."""
+        self.ensure_table()
+        return self.api("PutItem", conditional=True, TableName=self.table, Item=to_item(row),
+                        ConditionExpression="attribute_not_exists(#key)",
+                        ExpressionAttributeNames={"#key": KEY}) is not None
+
+    def delete(self, key: str) -> None:
+        """``DeleteItem`` (presence rows)."""
+        self.ensure_table()
+        self.api("DeleteItem", TableName=self.table, Key={KEY: {"S": key}})
+
+    def update(self, key: str, expect_owner: str | None, expect_counter: int, set_fields: Mapping[str, Any],
+               remove_fields: Iterable[str] = (), check_owner: bool = True) -> Row | None:
+        """``UpdateItem`` conditioned on the counter (and owner), ``ReturnValues=ALL_NEW``."""
+        self.ensure_table()
+        names: dict[str, str] = {"#key": KEY, "#counter": COUNTER}
+        values: dict[str, Any] = {":expect_counter": {"N": str(int(expect_counter))}}
+        condition = "attribute_exists(#key) AND #counter = :expect_counter"
+        if check_owner:
+            names["#owner"] = OWNER
+            if expect_owner is None:
+                condition += " AND attribute_not_exists(#owner)"
+            else:
+                condition += " AND #owner = :expect_owner"
+                values[":expect_owner"] = {"S": expect_owner}
+        sets, removes = [], []
+        for i, (name, value) in enumerate(set_fields.items()):
+            names[f"#s{i}"], values[f":s{i}"] = name, to_attr(value)
+            sets.append(f"#s{i} = :s{i}")
+        for i, name in enumerate(remove_fields):
+            names[f"#r{i}"] = name
+            removes.append(f"#r{i}")
+        expression = " ".join(part for part in ("SET " + ", ".join(sets) if sets else "",
+                                                "REMOVE " + ", ".join(removes) if removes else "") if part)
+        response = self.api("UpdateItem", conditional=True, TableName=self.table, Key={KEY: {"S": key}},
+                            UpdateExpression=expression, ConditionExpression=condition,
+                            ExpressionAttributeNames=names, ExpressionAttributeValues=values, ReturnValues="ALL_NEW")
+        return None if response is None else from_item(response["Attributes"])
+
+
+class DynamoLeaseStore(LeaseRules):
+    """The lease table in DynamoDB: :class:`LeaseRules` over :class:`DynamoRows`; strongly
+    consistent reads, conditional writes.
 
     The constructor does no I/O. On first use the table is described and, with
     ``create_if_missing``, created (``PAY_PER_REQUEST``; several instances creating it at
@@ -129,11 +363,11 @@ class DynamoLeaseStore(BaseLeaseStore):
         scan_page_size: ``Limit`` of each ``Scan`` page, or None for DynamoDB's 1 MB pages.
 
     Raises:
-        InvalidError: a bad table name or ``scan_page_size``.
+        InvalidError: a bad table name, endpoint or ``scan_page_size``.
 
     Errors of the methods: a missing table without ``create_if_missing`` ->
-    ``LeaseStoreError`` naming it; throttling or network errors after botocore's own
-    retries -> ``LeaseStoreError(retriable=True)``; any other botocore error is
+    ``LeaseStoreError`` naming it; throttling or network errors (one attempt: see the
+    module docstring) -> ``LeaseStoreError(retriable=True)``; any other botocore error is
     translated by :func:`kinesis_actors.errors.translate_aws_error` and raised as
     ``LeaseStoreError`` (``InvalidError`` for a validation error), the cause chained.
 
@@ -147,312 +381,66 @@ class DynamoLeaseStore(BaseLeaseStore):
         True
     """
 
-    _TRANSIENT = ("_client", "_client_lock", "_ready")
-
-    def __init__(
-        self,
-        table: str,
-        *,
-        create_if_missing: bool = False,
-        endpoint: str | None = None,
-        region: str | None = None,
-        test_credentials: bool | None = None,
-        session: Any = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
-        scan_page_size: int | None = None,
-    ) -> None:
-        if not isinstance(table, str) or not _TABLE_RE.match(table):
-            raise InvalidError(
-                f"lease table name must be 3-255 characters of letters, digits, '_', '.', '-'; got {table!r}"
-            )
+    def __init__(self, table: str, *, create_if_missing: bool = False, endpoint: str | None = None,
+                 region: str | None = None, test_credentials: bool | None = None, session: Any = None,
+                 clock: Clock = monotonic_s, wall_clock: WallClock = wall_s, scan_page_size: int | None = None) -> None:
+        check_settings(table, endpoint)
         if scan_page_size is not None and (
-            isinstance(scan_page_size, bool) or not isinstance(scan_page_size, int) or scan_page_size < 1
-        ):
+                isinstance(scan_page_size, bool) or not isinstance(scan_page_size, int) or scan_page_size < 1):
             raise InvalidError(f"scan_page_size must be a positive int or None, got {scan_page_size!r}")
-        if endpoint is not None and (not isinstance(endpoint, str) or not endpoint):
-            raise InvalidError(f"endpoint must be a URL string or None, got {endpoint!r}")
-        self._table = table
-        self._create_if_missing = bool(create_if_missing)
-        self._endpoint = endpoint
-        self._region = region
-        self._test_credentials = test_credentials
-        self._session = session
-        self._inherited: AwsSettings | None = None
-        self._faults: Any = None  # set by inject_faults() (tests)
-        self._scan_page_size = scan_page_size
-        super().__init__(clock=clock, wall_clock=wall_clock)
+        rows = DynamoRows(table, create_if_missing=bool(create_if_missing), endpoint=endpoint, region=region,
+                          test_credentials=test_credentials, session=session, scan_page_size=scan_page_size)
+        super().__init__(rows, clock=clock, wall_clock=wall_clock)
 
-    def _init_transient(self) -> None:
-        super()._init_transient()
-        self._client: Any = None
-        self._client_lock = threading.Lock()
-        self._ready = False
+    @property
+    def dynamo(self) -> DynamoRows:
+        """The table's :class:`DynamoRows` (its settings and client)."""
+        assert isinstance(self._table, DynamoRows)
+        return self._table
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        session = state.pop("_session", None)
-        if session is not None:  # a boto3 Session cannot be pickled: freeze what it holds
-            credentials, region = _frozen_session_settings(session)
-            state["_frozen_session"] = (credentials, region)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        state.setdefault("_session", None)
-        super().__setstate__(state)
-
-    # ------------------------------------------------------------------ settings
     @property
     def table(self) -> str:
         """The lease table name."""
-        return self._table
+        return self.dynamo.table
 
     @property
     def endpoint(self) -> str | None:
         """The endpoint URL in effect (explicit, else inherited from the broker), or None."""
-        return self._endpoint if self._endpoint is not None else (self._inherited.endpoint if self._inherited else None)
+        return self.dynamo.endpoint
 
     def __repr__(self) -> str:
-        return f"DynamoLeaseStore(table={self._table!r}, endpoint={self.endpoint!r})"
+        return f"DynamoLeaseStore(table={self.table!r}, endpoint={self.endpoint!r})"
+
+    def settings(self) -> AwsSettings:
+        """The AWS settings in effect: explicit values, then the inherited ones. May resolve the
+        credentials of an explicit ``boto3.Session`` (no network I/O for static keys)."""
+        return self.dynamo.settings()
 
     def bind(self, aws: AwsSettings) -> DynamoLeaseStore:
-        """A copy whose settings left as None are taken from the broker's ``aws``.
-
-        Explicit endpoint, region, credentials (``test_credentials``, ``session``) are
-        never overwritten. No I/O.
-
-        Args:
-            aws: the broker's AWS settings.
-
-        Returns:
-            A new store (same table and clocks, empty observation table).
+        """A copy whose settings left as None are taken from the broker's ``aws`` (explicit
+        endpoint, region and credentials are never overwritten); empty observation table. No I/O.
 
         Raises:
             InvalidError: ``aws`` is not an ``AwsSettings``.
         """
         if not isinstance(aws, AwsSettings):
             raise InvalidError(f"bind needs an AwsSettings, got {type(aws).__name__}")
-        other = self.peer()
-        assert isinstance(other, DynamoLeaseStore)
-        other._session = self._session
-        other._inherited = aws
+        other: DynamoLeaseStore = self.peer()
+        other._table = self.dynamo.bound(aws)
         return other
 
     def inject_faults(self, injector: Any) -> DynamoLeaseStore:
-        """Route every DynamoDB call of this store's clients, in every process, through a test fault injector.
-
-        For tests: ``kinesis_actors.testing.with_faults(..., lease_store=True)`` is the
-        entry point. The injector travels with the store when it is pickled into
-        Coordinators and ShardReaders; rules with ``service="dynamodb"`` then reach the
-        lease table. Changes this store in place.
-
-        Args:
-            injector: a ``kinesis_actors.testing.FaultInjector``, or None to remove one.
-
-        Returns:
-            self.
-        """
-        self._faults = injector
+        """Route every DynamoDB call of this store's clients, in every process, through a test
+        fault injector (``kinesis_actors.testing.with_faults(..., lease_store=True)``); the
+        injector travels with the pickled store. Changes this store in place; returns it."""
+        self.dynamo.faults = injector
         return self
 
-    def settings(self) -> AwsSettings:
-        """The AWS settings in effect: explicit values, then the inherited ones.
 
-        May resolve the credentials of an explicit ``boto3.Session`` (no network I/O for
-        static keys).
-        """
-        own = AwsSettings(endpoint=self._endpoint, region=self._region, test_credentials=bool(self._test_credentials))
-        frozen = getattr(self, "_frozen_session", None)
-        if self._session is not None:
-            frozen = _frozen_session_settings(self._session)
-        if frozen is not None:
-            credentials, session_region = frozen
-            own = dataclasses.replace(
-                own, test_credentials=False, credentials=credentials, region=own.region or session_region
-            )
-        merged = own if self._inherited is None else own.merged_over(self._inherited)
-        if self._inherited is not None and (self._test_credentials is False or frozen is not None):
-            merged = dataclasses.replace(merged, test_credentials=False)
-        if self._faults is not None:
-            merged = dataclasses.replace(merged, faults=self._faults)
-        return merged
-
-    # ------------------------------------------------------------------ client and table
-    def _client_now(self) -> Any:
-        if self._client is None:
-            settings = self.settings()
-            with _CLIENT_LOCK:
-                if self._client is None:
-                    self._client = settings.client("dynamodb")
-        return self._client
-
-    def _translate(self, exc: BaseException, operation: str) -> KinesisError:
-        """Every botocore error of this store goes through here (then ``raise ... from exc``)."""
-        translated = translate_aws_error(exc, operation=operation, resource=self._table)
-        code = translated.aws_code or aws_error_code(exc)
-        if code == "ResourceNotFoundException":
-            self._ready = False
-            return LeaseStoreError(f"lease table {self._table!r} does not exist ({operation})", aws_code=code)
-        if isinstance(translated, (InvalidError, LeaseStoreError)):
-            return translated
-        return LeaseStoreError(
-            f"lease table {self._table!r}: {translated}", aws_code=code, retriable=translated.retriable
-        )
-
-    def _api(self, operation: str, *, conditional: bool = False, **kwargs: Any) -> Any:
-        """Call one DynamoDB API; None when ``conditional`` and the condition failed."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        client = self._client_now()
-        method = getattr(client, _method_name(operation))
-        try:
-            return method(**kwargs)
-        except (ClientError, BotoCoreError) as e:
-            if conditional and aws_error_code(e) == "ConditionalCheckFailedException":
-                return None
-            raise self._translate(e, operation) from e
-
-    def _ensure_table(self) -> None:
-        if self._ready:
-            return
-        with self._client_lock:
-            if self._ready:
-                return
-            from botocore.exceptions import BotoCoreError, ClientError, WaiterError
-
-            client = self._client_now()
-            status = None
-            try:
-                status = client.describe_table(TableName=self._table)["Table"].get("TableStatus")
-            except (ClientError, BotoCoreError) as e:
-                if aws_error_code(e) != "ResourceNotFoundException":
-                    raise self._translate(e, "DescribeTable") from e
-                if not self._create_if_missing:
-                    raise LeaseStoreError(
-                        f"lease table {self._table!r} does not exist "
-                        "(create it, or pass create_if_missing=True)",
-                        aws_code="ResourceNotFoundException",
-                    ) from e
-                self._create_table(client)
-            if status != "ACTIVE":
-                try:
-                    client.get_waiter("table_exists").wait(
-                        TableName=self._table,
-                        WaiterConfig={"Delay": _WAITER_DELAY_S, "MaxAttempts": _WAITER_MAX_ATTEMPTS},
-                    )
-                except WaiterError as e:
-                    raise LeaseStoreError(
-                        f"lease table {self._table!r} did not become ACTIVE", retriable=True
-                    ) from e
-                except (ClientError, BotoCoreError) as e:
-                    raise self._translate(e, "DescribeTable") from e
-            self._ready = True
-
-    def _create_table(self, client: Any) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            client.create_table(
-                TableName=self._table,
-                AttributeDefinitions=[{"AttributeName": KEY, "AttributeType": "S"}],
-                KeySchema=[{"AttributeName": KEY, "KeyType": "HASH"}],
-                BillingMode="PAY_PER_REQUEST",
-            )
-            logger.info("created lease table %s", self._table)
-        except (ClientError, BotoCoreError) as e:
-            if aws_error_code(e) != "ResourceInUseException":  # another instance created it first
-                raise self._translate(e, "CreateTable") from e
-
-    # ------------------------------------------------------------------ primitives
-    def _read(self, key: str) -> Row | None:
-        self._ensure_table()
-        response = self._api("GetItem", TableName=self._table, Key={KEY: {"S": key}}, ConsistentRead=True)
-        item = response.get("Item")
-        return _from_item(item) if item else None
-
-    def _scan(self, stream: str) -> list[Row]:
-        self._ensure_table()
-        kwargs: dict[str, Any] = {
-            "TableName": self._table,
-            "ConsistentRead": True,
-            "FilterExpression": "#stream = :stream AND (begins_with(#key, :prefix) OR begins_with(#key, :presence))",
-            "ExpressionAttributeNames": {"#stream": STREAM, "#key": KEY},
-            "ExpressionAttributeValues": {":stream": {"S": stream}, ":prefix": {"S": f"{stream}:"},
-                                          ":presence": {"S": f"{stream}#instance#"}},
-        }
-        if self._scan_page_size is not None:
-            kwargs["Limit"] = self._scan_page_size
-        rows: list[Row] = []
-        while True:
-            response = self._api("Scan", **kwargs)
-            rows.extend(_from_item(item) for item in response.get("Items", ()))
-            last = response.get("LastEvaluatedKey")
-            if not last:
-                return rows
-            kwargs["ExclusiveStartKey"] = last
-
-    def _put_new(self, item: Row) -> bool:
-        self._ensure_table()
-        response = self._api(
-            "PutItem",
-            conditional=True,
-            TableName=self._table,
-            Item=_to_item(item),
-            ConditionExpression="attribute_not_exists(#key)",
-            ExpressionAttributeNames={"#key": KEY},
-        )
-        return response is not None
-
-    def _delete(self, key: str) -> None:
-        self._ensure_table()
-        self._api("DeleteItem", TableName=self._table, Key={KEY: {"S": key}})
-
-    def _update(
-        self,
-        key: str,
-        expect_owner: str | None,
-        expect_counter: int,
-        set_fields: Mapping[str, Any],
-        remove_fields: Iterable[str] = (),
-        *,
-        check_owner: bool = True,
-    ) -> Row | None:
-        self._ensure_table()
-        names: dict[str, str] = {"#key": KEY, "#counter": COUNTER}
-        values: dict[str, Any] = {":expect_counter": {"N": str(int(expect_counter))}}
-        condition = "attribute_exists(#key) AND #counter = :expect_counter"
-        if check_owner:
-            names["#owner"] = OWNER
-            if expect_owner is None:
-                condition += " AND attribute_not_exists(#owner)"
-            else:
-                condition += " AND #owner = :expect_owner"
-                values[":expect_owner"] = {"S": expect_owner}
-        sets = []
-        for i, (name, value) in enumerate(set_fields.items()):
-            names[f"#s{i}"] = name
-            values[f":s{i}"] = _to_attr(value)
-            sets.append(f"#s{i} = :s{i}")
-        removes = []
-        for i, name in enumerate(remove_fields):
-            names[f"#r{i}"] = name
-            removes.append(f"#r{i}")
-        expression = ""
-        if sets:
-            expression += "SET " + ", ".join(sets)
-        if removes:
-            expression += (" " if expression else "") + "REMOVE " + ", ".join(removes)
-        response = self._api(
-            "UpdateItem",
-            conditional=True,
-            TableName=self._table,
-            Key={KEY: {"S": key}},
-            UpdateExpression=expression,
-            ConditionExpression=condition,
-            ExpressionAttributeNames=names,
-            ExpressionAttributeValues=values,
-            ReturnValues="ALL_NEW",
-        )
-        if response is None:
-            return None
-        return _from_item(response["Attributes"])
+def check_settings(table: object, endpoint: object) -> None:
+    """Raise :class:`InvalidError` for a bad table name or endpoint (before any I/O)."""
+    if not isinstance(table, str) or not _TABLE_RE.match(table):
+        raise InvalidError(f"lease table name must be 3-255 characters of letters, digits, '_', '.', '-'; "
+                           f"got {table!r}")
+    if endpoint is not None and (not isinstance(endpoint, str) or not endpoint):
+        raise InvalidError(f"endpoint must be a URL string or None, got {endpoint!r}")

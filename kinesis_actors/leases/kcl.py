@@ -6,18 +6,18 @@ progress in a DynamoDB table named after the application, in KCL's schema
 that table as KCL does, so a stopped KCL fleet's checkpoints are where the library
 resumes, and a KCL fleet started after ours resumes after our checkpoints.
 
-The lease logic is :class:`~kinesis_actors.leases.base.BaseLeaseStore`'s; this module maps
-its primitives onto KCL rows (:func:`~kinesis_actors.leases.kcl_rows.item_to_row`,
-:func:`~kinesis_actors.leases.kcl_update.kcl_update`) and reuses
-:class:`~kinesis_actors.leases.dynamodb.DynamoLeaseStore` for the client, settings,
-``bind`` and error translation. What it never does, and why:
+The lease rules are :class:`~kinesis_actors.leases.rules.LeaseRules`'s; :class:`KclRows`
+maps the table interface onto KCL rows (:func:`~kinesis_actors.leases.kcl_rows.item_to_row`,
+:func:`~kinesis_actors.leases.kcl_update.kcl_update`) through a
+:class:`~kinesis_actors.leases.dynamodb.DynamoRows` client (settings, ``bind``, error
+translation). What it never does, and why:
 
 - it never creates, deletes or alters the table (a missing or foreign table is a
   ``LeaseStoreError`` at :meth:`KclLeaseStore.open`, which the broker calls in
   ``connect()``, before any stream is read);
 - it writes no presence rows: KCL would read them as leases. Instances balance by
   counting lease owners, as KCL 2.x does (the Coordinator's planner already counts the
-  owners of live leases); :meth:`KclLeaseStore.heartbeat` writes nothing;
+  owners of live leases); ``KclRows.presence`` is False, so ``heartbeat`` writes nothing;
 - it writes no worker-metrics or coordinator-state entity. KCL 3.x keeps those in their
   own tables (``<app>-WorkerMetricStats``, ``<app>-CoordinatorState``) or, in newer
   versions, as rows of the lease table with an ``entityType`` other than ``LEASE``
@@ -40,15 +40,15 @@ leases would move back and forth without bound, each move re-delivering a batch.
 
 from __future__ import annotations
 
-import builtins
 import logging
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..aws import AwsSettings
+from ..clock import Clock, WallClock, monotonic_s, wall_s
 from ..errors import InvalidError, LeaseStoreError
 from ..records import StartAt
-from .dynamodb import DynamoLeaseStore, _from_item, _to_attr, _to_item
+from .dynamodb import DynamoRows, check_settings, from_item, to_attr, to_item
 from .kcl_rows import (
     A_TOKEN,
     K_COUNTER,
@@ -63,10 +63,24 @@ from .kcl_rows import (
     stream_of_identifier,
 )
 from .kcl_update import kcl_update
-from .protocol import Instance, Lease, duration_to_ms, lease_key, validate_names
-from .rows import COUNTER, DURATION_MS, EXPIRY, KEY, SHARD_ID, STREAM, STREAM_ARN, STREAM_CREATION_MS, Row
+from .protocol import Lease
+from .rows import (
+    COUNTER,
+    DURATION_MS,
+    EXPIRY,
+    KEY,
+    SHARD_ID,
+    STREAM,
+    STREAM_ARN,
+    STREAM_CREATION_MS,
+    Row,
+    duration_to_ms,
+    lease_key,
+    validate_names,
+)
+from .rules import LeaseRules
 
-__all__ = ["KclLeaseStore", "KclFleetLiveError"]
+__all__ = ["KclLeaseStore", "KclRows", "KclFleetLiveError"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,16 +96,275 @@ class KclFleetLiveError(LeaseStoreError):
     fatal = True
 
 
-class KclLeaseStore(DynamoLeaseStore):
-    """A ``LeaseStore`` over an existing KCL 2.x/3.x lease table (Java KCL, amazon-kclpy, kcl-rs).
+class KclRows:
+    """A KCL application's lease table as a :class:`~kinesis_actors.leases.rows.LeaseTable`.
+
+    Translates our rows to KCL's items and back (``kcl_rows``, ``kcl_update``) through a
+    :class:`~kinesis_actors.leases.dynamodb.DynamoRows` client, learns the table's layout
+    (single- or multi-stream), and watches every row's counter for a live KCL worker.
+    Holds no presence rows (``presence`` is False). Picklable.
+
+    Args:
+        dynamo: the client of the table (never used to create it).
+        stream: the stream of a single-stream table, or None (bound at first use).
+        multi_stream: the table's layout, or None to detect it at :meth:`ensure_table`.
+    """
+
+    presence = False
+
+    def __init__(self, dynamo: DynamoRows, stream: str | None, multi_stream: bool | None) -> None:
+        self.dynamo = dynamo
+        self.stream = stream
+        self.multi = multi_stream
+        self.ready = False
+        self.duration_ms = _DEFAULT_DURATION_MS  # failover time of rows without a take of ours
+        self.live: str | None = None  # why a live KCL worker was seen, once it was
+        self._stream_ids: dict[str, str] = {}  # multi-stream: stream name -> "account:stream:epoch"
+        self._writes: dict[str, tuple[int, str | None]] = {}  # KCL key -> (counter, our token) last seen
+        self._durations: dict[str, int] = {}  # our key -> duration of our last take or renew of it, ms
+
+    @property
+    def table(self) -> str:
+        """The table name (the KCL application's name)."""
+        return self.dynamo.table
+
+    def peer(self, dynamo: DynamoRows | None = None) -> KclRows:
+        """A copy for another store: same layout and stream ids, what it saw of our writes, no
+        durations; over ``dynamo`` (default: the same client)."""
+        other = object.__new__(KclRows)
+        other.__dict__.update(self.__dict__)
+        other.dynamo = dynamo if dynamo is not None else self.dynamo
+        other._stream_ids, other._writes, other._durations = dict(self._stream_ids), dict(self._writes), {}
+        return other
+
+    def check_stream(self, stream: str) -> None:
+        """Bind a single-stream table to ``stream`` (no I/O).
+
+        Raises:
+            InvalidError: a bad name, or a single-stream table bound to another stream.
+        """
+        validate_names(stream)
+        if self.multi:
+            return
+        if self.stream is None:
+            self.stream = stream
+        elif stream != self.stream:
+            raise InvalidError(f"KCL lease table {self.table!r} is a single-stream table of stream "
+                               f"{self.stream!r}; it cannot lease shards of stream {stream!r}")
+
+    def expect(self, stream: str, identity: tuple[str, int] | None) -> None:
+        """Before a take: refuse a table with a live KCL worker; on a multi-stream table, key
+        ``stream``'s rows by the incarnation ``identity`` names, if none is known yet.
+
+        Raises:
+            KclFleetLiveError: a live KCL worker was seen on the table.
+        """
+        if self.live is not None:
+            raise KclFleetLiveError(self.live)
+        if self.multi and identity is not None and stream not in self._stream_ids:
+            identifier = multi_stream_identifier(stream, identity)
+            if identifier is not None:
+                self._stream_ids[stream] = identifier
+
+    def ensure_table(self) -> None:
+        """Check the table once (it must exist, keyed by ``leaseKey``), learn its layout and note
+        every row's counter, so a KCL worker renewing them is seen at the next read.
+
+        Raises:
+            LeaseStoreError: the table is missing or not a KCL lease table (naming it).
+        """
+        if self.ready:
+            return
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            table = self.dynamo.client_now().describe_table(TableName=self.table)["Table"]
+        except (ClientError, BotoCoreError) as e:
+            error = self.dynamo.translate(e, "DescribeTable")
+            if error.aws_code == "ResourceNotFoundException":
+                raise LeaseStoreError(f"KCL lease table {self.table!r} does not exist (KclLeaseStore never "
+                                      "creates it: name the KCL application's table)",
+                                      aws_code="ResourceNotFoundException") from e
+            raise error from e
+        keys = [(k.get("AttributeName"), k.get("KeyType")) for k in table.get("KeySchema", [])]
+        if keys != [(K_KEY, "HASH")]:
+            raise LeaseStoreError(f"table {self.table!r} is not a KCL lease table: its key is {keys}, "
+                                  f"KCL's is [({K_KEY!r}, 'HASH')]")
+        self.ready = True
+        items = self._scan_items()
+        if self.multi is None:
+            self.multi = any(isinstance(item.get(K_STREAM_NAME), str) for item in items)
+            logger.info("KCL lease table %s: %s-stream, %d lease rows", self.table,
+                        "multi" if self.multi else "single", len(items))
+        for item in items:
+            self._observe(item)
+
+    # ------------------------------------------------------------------ keys
+    def _split(self, key: str) -> tuple[str, str]:
+        stream, _, shard_id = key.partition(":")
+        self.check_stream(stream)
+        return stream, shard_id
+
+    def _identifier(self, stream: str, identity: tuple[str, int] | None = None) -> str | None:
+        if not self.multi:
+            return None
+        known = self._stream_ids.get(stream)
+        if known is None and identity is not None:
+            known = multi_stream_identifier(stream, identity)
+        if known is None:
+            self.scan(stream)
+            known = self._stream_ids.get(stream)
+        return known
+
+    def _kcl_key(self, stream: str, shard_id: str) -> str | None:
+        if not self.multi:
+            return shard_id
+        identifier = self._identifier(stream)
+        return None if identifier is None else f"{identifier}:{shard_id}"
+
+    def _to_row(self, item: Mapping[str, Any], stream: str, shard_id: str) -> Row:
+        return item_to_row(item, stream, shard_id, self._durations.get(lease_key(stream, shard_id), self.duration_ms))
+
+    def _observe(self, item: Mapping[str, Any]) -> None:
+        """Note a row's counter and our token; a counter raised by a writer that is not ours
+        (no new token of ours) is a live KCL worker."""
+        key, counter, token = str(item[K_KEY]), int(item[K_COUNTER]), item.get(A_TOKEN)
+        seen = self._writes.get(key)
+        self._writes[key] = (counter, token)
+        if seen is not None and counter > seen[0] and token == seen[1] and self.live is None:
+            owner = item.get("checkpointOwner") or item.get("leaseOwner")
+            self.live = (f"KCL lease table {self.table!r}: lease {key!r} was renewed by {owner!r} (leaseCounter "
+                         f"{seen[0]} -> {counter}) and not by kinesis_actors: a KCL worker is running on this "
+                         "table. Stop the KCL fleet (every worker) before starting kinesis_actors on it; a live mix "
+                         "of both fleets on one table is not supported")
+        if self.live is not None:
+            raise KclFleetLiveError(self.live)
+
+    # ------------------------------------------------------------------ the table interface
+    def _scan_items(self) -> list[dict[str, Any]]:
+        kwargs: dict[str, Any] = {"TableName": self.table, "ConsistentRead": True}
+        items: list[dict[str, Any]] = []
+        while True:
+            response = self.dynamo.api("Scan", **kwargs)
+            items.extend(item for item in map(from_item, response.get("Items", ())) if is_lease_item(item))
+            if not response.get("LastEvaluatedKey"):
+                return items
+            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+
+    def scan(self, stream: str) -> list[Row]:
+        """Every lease row of ``stream`` (a multi-stream table: of one incarnation, the known one,
+        else the newest creation epoch), as our rows."""
+        self.ensure_table()
+        self.check_stream(stream)
+        rows: list[Row] = []
+        multi: dict[str, list[dict[str, Any]]] = {}
+        for item in self._scan_items():
+            if not self.multi:
+                self._observe(item)
+                rows.append(self._to_row(item, stream, str(item[K_KEY])))
+                continue
+            identifier = item.get(K_STREAM_NAME)
+            if isinstance(identifier, str) and stream_of_identifier(identifier) == stream \
+                    and isinstance(item.get(K_SHARD_ID), str):
+                multi.setdefault(identifier, []).append(item)
+        if multi:
+            identifier = self._stream_ids.get(stream)
+            if identifier not in multi:
+                identifier = max(multi, key=lambda i: int(i.rsplit(":", 1)[1]))
+                self._stream_ids[stream] = identifier
+            for item in multi[identifier]:
+                self._observe(item)
+                rows.append(self._to_row(item, stream, item[K_SHARD_ID]))
+        return rows
+
+    def read(self, key: str) -> Row | None:
+        """The KCL row of our key ``"<stream>:<shard id>"``, as our row, or None."""
+        self.ensure_table()
+        if self.live is not None:
+            raise KclFleetLiveError(self.live)
+        stream, shard_id = self._split(key)
+        kcl_key = self._kcl_key(stream, shard_id)
+        if kcl_key is None:
+            return None
+        response = self.dynamo.api("GetItem", TableName=self.table, Key={K_KEY: {"S": kcl_key}}, ConsistentRead=True)
+        item = from_item(response["Item"]) if response.get("Item") else None
+        if item is None or not is_lease_item(item):
+            return None
+        self._observe(item)
+        return self._to_row(item, stream, shard_id)
+
+    def put_new(self, row: Row) -> bool:
+        """Create the KCL item of a new lease (``PutItem`` on ``attribute_not_exists(leaseKey)``).
+        KCL rows record no expiry: ``row``'s ``lease_expiry`` is removed (the caller's Lease is
+        built from ``row``).
+
+        Raises:
+            InvalidError: a multi-stream table without a row of the stream and no stream identity.
+        """
+        self.ensure_table()
+        stream, shard_id = row[STREAM], row[SHARD_ID]
+        self.check_stream(stream)
+        identity = None
+        if row.get(STREAM_ARN) is not None and row.get(STREAM_CREATION_MS) is not None:
+            identity = (row[STREAM_ARN], int(row[STREAM_CREATION_MS]))
+        identifier = self._identifier(stream, identity)
+        if self.multi and identifier is None:
+            raise InvalidError(f"KCL lease table {self.table!r} is multi-stream and has no row of stream "
+                               f"{stream!r}: a new lease needs the stream's ARN and creation time")
+        kcl_key = shard_id if identifier is None else f"{identifier}:{shard_id}"
+        if identifier is not None:
+            self._stream_ids.setdefault(stream, identifier)
+        row.pop(EXPIRY, None)
+        response = self.dynamo.api("PutItem", conditional=True, TableName=self.table,
+                                   Item=to_item(new_item(row, kcl_key, identifier)),
+                                   ConditionExpression="attribute_not_exists(#key)",
+                                   ExpressionAttributeNames={"#key": K_KEY})
+        if response is not None:
+            self._writes[kcl_key] = (int(row[COUNTER]), None)
+            self._durations[row[KEY]] = self.duration_ms = int(row[DURATION_MS])
+        return response is not None
+
+    def update(self, key: str, expect_owner: str | None, expect_counter: int, set_fields: Mapping[str, Any],
+               remove_fields: Iterable[str] = (), check_owner: bool = True) -> Row | None:
+        """The ``UpdateItem`` KCL itself makes for this change (``kcl_update``), as our row, or None."""
+        self.ensure_table()
+        stream, shard_id = self._split(key)
+        kcl_key = self._kcl_key(stream, shard_id)
+        if kcl_key is None:
+            return None
+        update = kcl_update(expect_owner, expect_counter, set_fields, remove_fields, check_owner=check_owner,
+                            to_attr=to_attr)
+        response = self.dynamo.api("UpdateItem", conditional=True, TableName=self.table, Key={K_KEY: {"S": kcl_key}},
+                                   UpdateExpression=update.expression, ConditionExpression=update.condition,
+                                   ExpressionAttributeNames=update.names, ExpressionAttributeValues=update.values,
+                                   ReturnValues="ALL_NEW")
+        if response is None:
+            return None
+        item = from_item(response["Attributes"])
+        self._writes[kcl_key] = (int(item[K_COUNTER]), item.get(A_TOKEN))
+        if DURATION_MS in set_fields:
+            self._durations[key] = self.duration_ms = int(set_fields[DURATION_MS])
+        return self._to_row(item, stream, shard_id)
+
+    def delete(self, key: str) -> None:
+        """Never called (no presence rows): raises InvalidError, nothing is deleted from a KCL table."""
+        raise InvalidError(f"KclLeaseStore never deletes rows of KCL lease table {self.table!r} ({key!r})")
+
+
+class KclLeaseStore(LeaseRules):
+    """A ``LeaseStore`` over an existing KCL 2.x/3.x lease table (Java KCL, amazon-kclpy, kcl-rs):
+    :class:`LeaseRules` over :class:`KclRows`.
 
     The constructor does no I/O; :meth:`open` (the broker's ``connect()``) checks the table.
     Our fencing (owner + counter) is KCL's own: ``leaseOwner`` (``checkpointOwner`` during a
     KCL 3.x handoff) + ``leaseCounter``. Rows are written as KCL writes them (see
-    :mod:`~kinesis_actors.leases.kcl_update`); sentinel checkpoints are read as KCL reads
-    them: ``TRIM_HORIZON`` (and ``AT_TIMESTAMP``, whose timestamp is KCL's configuration)
-    resumes at the oldest record and ``LATEST`` at the tip (resolved once, at the take,
-    into ``AT_TIMESTAMP`` of that moment), whatever the subscription's ``start_at`` says.
+    :mod:`~kinesis_actors.leases.kcl_update`). A KCL worker renews and checkpoints in separate
+    writes; a checkpoint riding a renewal is ONE ``UpdateItem`` here, with KCL's names: KCL's own
+    checkpoint write (``setCheckpoint`` through ``updateLease``) already raises ``leaseCounter``,
+    which is all a KCL reader of the row takes for a renewal. Sentinel checkpoints are read as
+    KCL reads them: ``TRIM_HORIZON`` (and ``AT_TIMESTAMP``, whose timestamp is KCL's
+    configuration) resumes at the oldest record and ``LATEST`` at the tip (resolved once, at the
+    take, into ``AT_TIMESTAMP`` of that moment), whatever the subscription's ``start_at`` says.
     KPL sub-sequence checkpoints resume inside the aggregate, after the user record.
 
     Args:
@@ -115,44 +388,60 @@ class KclLeaseStore(DynamoLeaseStore):
 
     def __init__(self, application: str, *, endpoint: str | None = None, region: str | None = None,
                  test_credentials: bool | None = None, session: Any = None, stream: str | None = None,
-                 multi_stream: bool | None = None, clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 multi_stream: bool | None = None, clock: Clock = monotonic_s, wall_clock: WallClock = wall_s) -> None:
+        check_settings(application, endpoint)
         if stream is not None:
             validate_names(stream)
         if multi_stream is not None and not isinstance(multi_stream, bool):
             raise InvalidError(f"multi_stream must be True, False or None, got {multi_stream!r}")
-        super().__init__(application, endpoint=endpoint, region=region, test_credentials=test_credentials,
-                         session=session, clock=clock, wall_clock=wall_clock)
-        self._stream = stream
-        self._multi = multi_stream
-        self._duration_ms = _DEFAULT_DURATION_MS
-        self._stream_ids: dict[str, str] = {}  # multi-stream: stream name -> "account:stream:epoch"
-        self._writes: dict[str, tuple[int, str | None]] = {}  # KCL key -> (counter, our token) last seen
-        self._durations: dict[str, int] = {}  # our key -> duration of our last take or renew of it, ms
-        self._live: str | None = None
+        dynamo = DynamoRows(application, endpoint=endpoint, region=region, test_credentials=test_credentials,
+                            session=session)
+        super().__init__(KclRows(dynamo, stream, multi_stream), clock=clock, wall_clock=wall_clock)
 
-    def peer(self, *, clock: Callable[[], float] | None = None,
-             wall_clock: Callable[[], float] | None = None) -> KclLeaseStore:
-        """Another store over the same table that has seen nothing yet (see ``BaseLeaseStore.peer``)."""
-        other = super().peer(clock=clock, wall_clock=wall_clock)
-        assert isinstance(other, KclLeaseStore)
-        other._stream_ids = dict(self._stream_ids)
-        other._writes = dict(self._writes)
-        other._durations = {}
-        return other
+    @property
+    def kcl(self) -> KclRows:
+        """The table's :class:`KclRows`."""
+        assert isinstance(self._table, KclRows)
+        return self._table
 
     def __repr__(self) -> str:
-        return f"KclLeaseStore({self._table!r}, endpoint={self.endpoint!r}, stream={self._stream!r})"
+        return f"KclLeaseStore({self.kcl.table!r}, endpoint={self.endpoint!r}, stream={self.stream!r})"
+
+    @property
+    def table(self) -> str:
+        """The lease table name (the KCL application's)."""
+        return self.kcl.table
+
+    @property
+    def endpoint(self) -> str | None:
+        """The endpoint URL in effect (explicit, else inherited from the broker), or None."""
+        return self.kcl.dynamo.endpoint
 
     @property
     def stream(self) -> str | None:
         """The stream of a single-stream table (given, or bound at first use), or None."""
-        return self._stream
+        return self.kcl.stream
 
     @property
     def multi_stream(self) -> bool | None:
         """True for a multi-stream table, False for single-stream, None before :meth:`open`."""
-        return self._multi
+        return self.kcl.multi
+
+    def settings(self) -> AwsSettings:
+        """The AWS settings in effect (as ``DynamoLeaseStore.settings``)."""
+        return self.kcl.dynamo.settings()
+
+    def bind(self, aws: AwsSettings) -> KclLeaseStore:
+        """A copy whose unset settings come from the broker's ``aws``; no I/O.
+
+        Raises:
+            InvalidError: ``aws`` is not an ``AwsSettings``.
+        """
+        if not isinstance(aws, AwsSettings):
+            raise InvalidError(f"bind needs an AwsSettings, got {type(aws).__name__}")
+        other: KclLeaseStore = self.peer()
+        other._table = self.kcl.peer(self.kcl.dynamo.bound(aws))
+        return other
 
     def claim_stream(self, stream: str) -> None:
         """Bind a single-stream store to ``stream`` (the broker calls it at ``subscribe``). No I/O.
@@ -160,222 +449,36 @@ class KclLeaseStore(DynamoLeaseStore):
         Raises:
             InvalidError: a bad name, or a single-stream store bound to another stream.
         """
-        self._check_stream(stream)
+        self.kcl.check_stream(stream)
 
-    def _check_stream(self, stream: str) -> None:
-        validate_names(stream)
-        if self._multi:
-            return
-        if self._stream is None:
-            self._stream = stream
-        elif stream != self._stream:
-            raise InvalidError(f"KCL lease table {self._table!r} is a single-stream table of stream "
-                               f"{self._stream!r}; it cannot lease shards of stream {stream!r}")
-
-    # ------------------------------------------------------------------ lifecycle
     def open(self) -> KclLeaseStore:
-        """Check the table (it must exist, with KCL's key ``leaseKey``), learn its layout and
-        note every row's counter, so a KCL worker renewing them is seen at the next read.
+        """Check the table (see :meth:`KclRows.ensure_table`); returns self.
 
         Raises:
             LeaseStoreError: the table is missing or not a KCL lease table (the message names it).
         """
-        self._ensure_table()
+        self.kcl.ensure_table()
         return self
 
-    def _ensure_table(self) -> None:
-        if self._ready:
-            return
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        client = self._client_now()
-        try:
-            table = client.describe_table(TableName=self._table)["Table"]
-        except (ClientError, BotoCoreError) as e:
-            error = self._translate(e, "DescribeTable")
-            if error.aws_code == "ResourceNotFoundException":
-                raise LeaseStoreError(f"KCL lease table {self._table!r} does not exist (KclLeaseStore never "
-                                      "creates it: name the KCL application's table)",
-                                      aws_code="ResourceNotFoundException") from e
-            raise error from e
-        keys = [(k.get("AttributeName"), k.get("KeyType")) for k in table.get("KeySchema", [])]
-        if keys != [(K_KEY, "HASH")]:
-            raise LeaseStoreError(f"table {self._table!r} is not a KCL lease table: its key is {keys}, "
-                                  f"KCL's is [({K_KEY!r}, 'HASH')]")
-        self._ready = True
-        items = self._scan_items()
-        if self._multi is None:
-            self._multi = any(isinstance(item.get(K_STREAM_NAME), str) for item in items)
-            logger.info("KCL lease table %s: %s-stream, %d lease rows", self._table,
-                        "multi" if self._multi else "single", len(items))
-        for item in items:
-            self._observe(item)
-
-    # ------------------------------------------------------------------ keys
-    def _split(self, key: str) -> tuple[str, str]:
-        stream, _, shard_id = key.partition(":")
-        self._check_stream(stream)
-        return stream, shard_id
-
-    def _identifier(self, stream: str, identity: tuple[str, int] | None = None) -> str | None:
-        if not self._multi:
-            return None
-        known = self._stream_ids.get(stream)
-        if known is None and identity is not None:
-            known = multi_stream_identifier(stream, identity)
-        if known is None:
-            self._scan(stream)
-            known = self._stream_ids.get(stream)
-        return known
-
-    def _kcl_key(self, stream: str, shard_id: str) -> str | None:
-        if not self._multi:
-            return shard_id
-        identifier = self._identifier(stream)
-        return None if identifier is None else f"{identifier}:{shard_id}"
-
-    def _to_row(self, item: Mapping[str, Any], stream: str, shard_id: str) -> Row:
-        return item_to_row(item, stream, shard_id, self._durations.get(lease_key(stream, shard_id), self._duration_ms))
-
-    # ------------------------------------------------------------------ live KCL workers
-    def _observe(self, item: Mapping[str, Any]) -> None:
-        """Note a row's counter and our token; a counter raised by a writer that is not ours
-        (no new token of ours) is a live KCL worker."""
-        key, counter, token = str(item[K_KEY]), int(item[K_COUNTER]), item.get(A_TOKEN)
-        seen = self._writes.get(key)
-        self._writes[key] = (counter, token)
-        if seen is not None and counter > seen[0] and token == seen[1] and self._live is None:
-            owner = item.get("checkpointOwner") or item.get("leaseOwner")
-            self._live = (f"KCL lease table {self._table!r}: lease {key!r} was renewed by {owner!r} (leaseCounter "
-                          f"{seen[0]} -> {counter}) and not by kinesis_actors: a KCL worker is running on this "
-                          "table. Stop the KCL fleet (every worker) before starting kinesis_actors on it; a live mix "
-                          "of both fleets on one table is not supported")
-        if self._live is not None:
-            raise KclFleetLiveError(self._live)
-
-    # ------------------------------------------------------------------ primitives
-    def _scan_items(self) -> list[dict[str, Any]]:
-        kwargs: dict[str, Any] = {"TableName": self._table, "ConsistentRead": True}
-        items: list[dict[str, Any]] = []
-        while True:
-            response = self._api("Scan", **kwargs)
-            items.extend(item for item in map(_from_item, response.get("Items", ())) if is_lease_item(item))
-            last = response.get("LastEvaluatedKey")
-            if not last:
-                return items
-            kwargs["ExclusiveStartKey"] = last
-
-    def _scan(self, stream: str) -> list[Row]:
-        self._ensure_table()
-        self._check_stream(stream)
-        rows: list[Row] = []
-        multi: dict[str, list[dict[str, Any]]] = {}
-        for item in self._scan_items():
-            if not self._multi:
-                self._observe(item)
-                rows.append(self._to_row(item, stream, str(item[K_KEY])))
-                continue
-            identifier = item.get(K_STREAM_NAME)
-            if isinstance(identifier, str) and stream_of_identifier(identifier) == stream \
-                    and isinstance(item.get(K_SHARD_ID), str):
-                multi.setdefault(identifier, []).append(item)
-        if multi:  # one incarnation: the known one, else the newest creation epoch
-            identifier = self._stream_ids.get(stream)
-            if identifier not in multi:
-                identifier = max(multi, key=lambda i: int(i.rsplit(":", 1)[1]))
-                self._stream_ids[stream] = identifier
-            for item in multi[identifier]:
-                self._observe(item)
-                rows.append(self._to_row(item, stream, item[K_SHARD_ID]))
-        return rows
-
-    def _read(self, key: str) -> Row | None:
-        self._ensure_table()
-        stream, shard_id = self._split(key)
-        kcl_key = self._kcl_key(stream, shard_id)
-        if kcl_key is None:
-            return None
-        response = self._api("GetItem", TableName=self._table, Key={K_KEY: {"S": kcl_key}}, ConsistentRead=True)
-        item = _from_item(response["Item"]) if response.get("Item") else None
-        if item is None or not is_lease_item(item):
-            return None
-        self._observe(item)
-        return self._to_row(item, stream, shard_id)
-
-    def _put_new(self, item: Row) -> bool:
-        self._ensure_table()
-        stream, shard_id = item[STREAM], item[SHARD_ID]
-        self._check_stream(stream)
-        identity = None
-        if item.get(STREAM_ARN) is not None and item.get(STREAM_CREATION_MS) is not None:
-            identity = (item[STREAM_ARN], int(item[STREAM_CREATION_MS]))
-        identifier = self._identifier(stream, identity)
-        if self._multi and identifier is None:
-            raise InvalidError(f"KCL lease table {self._table!r} is multi-stream and has no row of stream "
-                               f"{stream!r}: a new lease needs the stream's ARN and creation time")
-        kcl_key = shard_id if identifier is None else f"{identifier}:{shard_id}"
-        if identifier is not None:
-            self._stream_ids.setdefault(stream, identifier)
-        item.pop(EXPIRY, None)  # the caller's Lease is built from `item`: say what the row says (no expiry)
-        record = new_item(item, kcl_key, identifier)
-        response = self._api("PutItem", conditional=True, TableName=self._table, Item=_to_item(record),
-                             ConditionExpression="attribute_not_exists(#key)",
-                             ExpressionAttributeNames={"#key": K_KEY})
-        if response is not None:
-            self._writes[kcl_key] = (int(item[COUNTER]), None)
-            self._durations[item[KEY]] = int(item[DURATION_MS])
-        return response is not None
-
-    def _update(self, key: str, expect_owner: str | None, expect_counter: int, set_fields: Mapping[str, Any],
-                remove_fields: Iterable[str] = (), *, check_owner: bool = True) -> Row | None:
-        self._ensure_table()
-        stream, shard_id = self._split(key)
-        kcl_key = self._kcl_key(stream, shard_id)
-        if kcl_key is None:
-            return None
-        update = kcl_update(expect_owner, expect_counter, set_fields, remove_fields, check_owner=check_owner,
-                            to_attr=_to_attr)
-        response = self._api("UpdateItem", conditional=True, TableName=self._table, Key={K_KEY: {"S": kcl_key}},
-                             UpdateExpression=update.expression, ConditionExpression=update.condition,
-                             ExpressionAttributeNames=update.names, ExpressionAttributeValues=update.values,
-                             ReturnValues="ALL_NEW")
-        if response is None:
-            return None
-        item = _from_item(response["Attributes"])
-        self._writes[kcl_key] = (int(item[K_COUNTER]), item.get(A_TOKEN))
-        if DURATION_MS in set_fields:
-            self._durations[key] = int(set_fields[DURATION_MS])
-        return self._to_row(item, stream, shard_id)
-
-    def _delete(self, key: str) -> None:  # pragma: no cover - nothing of ours is ever deleted
-        raise InvalidError(f"KclLeaseStore never deletes rows of KCL lease table {self._table!r} ({key!r})")
-
-    # ------------------------------------------------------------------ operations KCL-specific
     def take(self, stream: str, shard_id: str, *, owner: str, duration_s: float,
              parent_shard_ids: tuple[str, ...] = (), stream_identity: tuple[str, int] | None = None) -> Lease | None:
-        """Take the shard's lease as ``BaseLeaseStore.take`` does, writing what KCL's ``takeLease`` writes.
-
-        ``duration_s`` also becomes the failover time this store judges KCL rows by. A row
-        whose checkpoint is KCL's ``LATEST`` is resolved once, here: its start position
-        becomes ``AT_TIMESTAMP`` of this moment (a second fenced write), so a replacement
-        reader never re-resolves the tip and skips records.
+        """Take the shard's lease as :meth:`LeaseRules.take` does, writing what KCL's ``takeLease``
+        writes. ``duration_s`` also becomes the failover time this store judges KCL rows by. A
+        row whose checkpoint is KCL's ``LATEST`` is resolved once, here: its start position
+        becomes ``AT_TIMESTAMP`` of this moment (a second fenced write), so a replacement reader
+        never re-resolves the tip and skips records.
 
         Raises:
             KclFleetLiveError: a live KCL worker was seen on the table.
-            InvalidError / LeaseStoreError: as ``BaseLeaseStore.take``; a stream other than
-                a single-stream table's.
+            InvalidError / LeaseStoreError: as :meth:`LeaseRules.take`; a stream other than a
+                single-stream table's.
         """
         validate_names(stream, shard_id, owner)
         duration_to_ms(duration_s)
-        if self._live is not None:
-            raise KclFleetLiveError(self._live)
-        if self._multi and stream_identity is not None and stream not in self._stream_ids:
-            identifier = multi_stream_identifier(stream, stream_identity)
-            if identifier is not None:
-                self._stream_ids[stream] = identifier
+        self.kcl.expect(stream, stream_identity)
         lease = super().take(stream, shard_id, owner=owner, duration_s=duration_s,
                              parent_shard_ids=parent_shard_ids, stream_identity=stream_identity)
-        self._duration_ms = duration_to_ms(duration_s)
+        self.kcl.duration_ms = duration_to_ms(duration_s)
         if lease is not None and lease.checkpoint is None and lease.start_position == LATEST:
             at = StartAt("AT_TIMESTAMP", timestamp_ms=int(self._wall_clock() * 1000)).to_str()
             lease = self.set_start_position(lease, at)
@@ -386,43 +489,11 @@ class KclLeaseStore(DynamoLeaseStore):
         """Release as KCL's ``evictLease`` does: ``leaseOwner`` and ``checkpointOwner`` removed,
         counter +1, checkpoint kept, so a KCL worker can take the row at once. During a
         pending handoff (``lease.next_owner``) KCL's evict removes only ``checkpointOwner``,
-        giving the row to the asker: that is :meth:`hand_over`.
+        giving the row to the asker: that is :meth:`LeaseRules.hand_over`.
 
         Raises:
-            InvalidError / LeaseLostError / LeaseStoreError: as ``BaseLeaseStore.release``.
+            InvalidError / LeaseLostError / LeaseStoreError: as :meth:`LeaseRules.release`.
         """
         if lease.next_owner and lease.next_owner != lease.owner:
             return self.hand_over(lease)
         return super().release(lease)
-
-    # ------------------------------------------------------------------ no presence rows
-    def heartbeat(self, stream: str, owner: str, *, duration_s: float) -> Instance:
-        """Write nothing (KCL would read a presence row as a lease); return the instance as it would be.
-
-        Raises:
-            InvalidError: empty names, or a bad duration (no I/O).
-        """
-        validate_names(stream, None, owner)
-        duration_ms = duration_to_ms(duration_s)
-        return Instance(stream=stream, owner=owner, counter=0, duration_ms=duration_ms,
-                        expiry_ms=self._wall_expiry_ms(duration_ms))
-
-    def instances(self, stream: str, *, include_stale: bool = False) -> builtins.list[Instance]:
-        """Always empty: a KCL table has no presence rows; instances are counted by lease owners.
-
-        Raises:
-            InvalidError: an empty stream name (no I/O).
-        """
-        validate_names(stream)
-        return []
-
-    def remove_presence(self, stream: str, owner: str) -> None:
-        """Nothing to delete (no presence rows are written). Raises InvalidError for empty names."""
-        validate_names(stream, None, owner)
-
-    def _presence(self, rows: Iterable[Row], stream: str, include_stale: bool) -> builtins.list[Instance]:
-        return []
-
-    def _note(self, row: Mapping[str, Any]) -> None:
-        if COUNTER in row:
-            super()._note(row)

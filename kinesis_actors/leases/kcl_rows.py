@@ -67,7 +67,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .protocol import SHARD_END, lease_key
+from .protocol import SHARD_END
 from .rows import (
     CHECKPOINT,
     COUNTER,
@@ -84,6 +84,7 @@ from .rows import (
     SUB_SEQUENCE,
     WRITE_TOKEN,
     Row,
+    lease_key,
 )
 
 __all__ = ["K_KEY", "K_OWNER", "K_COUNTER", "K_SWITCHES", "K_CHECKPOINT", "K_SUB", "K_PENDING", "K_PENDING_SUB",

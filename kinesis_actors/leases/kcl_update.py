@@ -1,6 +1,6 @@
 """One conditional ``UpdateItem`` on a KCL lease row for each change the lease logic asks for.
 
-:class:`~kinesis_actors.leases.base.BaseLeaseStore` expresses every write as "fields to
+:class:`~kinesis_actors.leases.rules.LeaseRules` expresses every write as "fields to
 set, fields to remove, on condition that the counter (and owner) are what I saw", in our
 attribute names. :func:`kcl_update` turns that into the update KCL itself would make,
 from ``leases/dynamodb/DynamoDBLeaseSerializer.java`` and ``DynamoDBLeaseRefresher.java``

@@ -40,63 +40,12 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import math
-import re
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import InvalidError
-
-__all__ = ["Lease", "Instance", "TableSnapshot", "LeaseStore", "SHARD_END", "lease_key", "presence_key",
-           "validate_names", "validate_checkpoint", "duration_to_ms"]
+__all__ = ["Lease", "Instance", "TableSnapshot", "LeaseStore", "SHARD_END"]
 
 SHARD_END = "SHARD_END"
 """Checkpoint value of a shard read to its end and fully acknowledged (KCL's sentinel)."""
-
-_SEQUENCE_RE = re.compile(r"^[0-9]{1,128}$")
-
-
-def lease_key(stream: str, shard_id: str) -> str:
-    """The lease table's hash key for a shard: ``"<stream>:<shard id>"``."""
-    return f"{stream}:{shard_id}"
-
-
-def presence_key(stream: str, owner: str) -> str:
-    """The key of an instance's presence row: ``"<stream>#instance#<owner>"`` (never a shard's key)."""
-    return f"{stream}#instance#{owner}"
-
-
-def validate_names(stream: str, shard_id: str | None = None, owner: str | None = None) -> None:
-    """Raise :class:`InvalidError` for an empty or non-string stream, shard id or owner."""
-    for what, value in (("stream", stream), ("shard_id", shard_id), ("owner", owner)):
-        if value is None and what != "stream":
-            continue
-        if not isinstance(value, str) or not value.strip():
-            raise InvalidError(f"{what} must be a non-empty string, got {value!r}")
-    if ":" in stream or "#" in stream:
-        raise InvalidError(f"stream name {stream!r} may not contain ':' or '#'")
-
-
-def validate_checkpoint(sequence_number: object, sub_sequence: object = None) -> None:
-    """Raise :class:`InvalidError` unless ``sequence_number`` is a decimal string or ``SHARD_END``."""
-    if sequence_number != SHARD_END and not (
-        isinstance(sequence_number, str) and _SEQUENCE_RE.match(sequence_number)
-    ):
-        raise InvalidError(
-            f"checkpoint must be a Kinesis sequence number (decimal digits) or {SHARD_END!r}, "
-            f"got {sequence_number!r}"
-        )
-    if sub_sequence is not None and (not isinstance(sub_sequence, int) or sub_sequence < 0):
-        raise InvalidError(f"sub_sequence must be a non-negative int or None, got {sub_sequence!r}")
-
-
-def duration_to_ms(duration_s: object, what: str = "duration_s") -> int:
-    """Validate a lease duration in seconds and return it in whole milliseconds (at least 1)."""
-    if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)):
-        raise InvalidError(f"{what} must be a positive number of seconds, got {duration_s!r}")
-    if not math.isfinite(duration_s) or duration_s <= 0:
-        raise InvalidError(f"{what} must be a positive finite number of seconds, got {duration_s!r}")
-    return max(1, round(duration_s * 1000))
-
 
 @dataclasses.dataclass(frozen=True)
 class Lease:
@@ -139,7 +88,7 @@ class Lease:
     @property
     def key(self) -> str:
         """The row's hash key, ``"<stream>:<shard id>"``."""
-        return lease_key(self.stream, self.shard_id)
+        return f"{self.stream}:{self.shard_id}"
 
     @property
     def stream_identity(self) -> tuple[str, int] | None:
@@ -177,7 +126,7 @@ class Instance:
     @property
     def key(self) -> str:
         """The presence row's key, ``"<stream>#instance#<owner>"``."""
-        return presence_key(self.stream, self.owner)
+        return f"{self.stream}#instance#{self.owner}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,7 +144,7 @@ class LeaseStore(Protocol):
     Every write is conditional on the owner and counter the caller holds (fencing) and
     returns the new :class:`Lease`; a failed condition raises ``LeaseLostError`` and
     changes nothing. Reads are strongly consistent. Implementations share their logic
-    (``kinesis_actors.leases.base.BaseLeaseStore``): ``MemoryLeaseStore`` (one Ray
+    (``kinesis_actors.leases.rules.LeaseRules``): ``MemoryLeaseStore`` (one Ray
     actor), ``DynamoLeaseStore`` (a DynamoDB table) and
     ``kinesis_actors.testing.InProcessLeaseStore``. Methods may raise ``InvalidError``
     (bad input, before any I/O) and ``LeaseStoreError`` (table missing or unreachable

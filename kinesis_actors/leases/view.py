@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..clock import wall_ms
 from ..errors import LeaseStoreError, translate_aws_error
+from .dynamodb import from_item
+from .kcl_rows import view_row
 
 __all__ = ["scan_lease_rows", "scan_kcl_rows", "add_lag", "print_lease_table"]
 
@@ -77,12 +79,9 @@ def scan_kcl_rows(dynamodb: Any, table: str, stream: str | None = None) -> list[
     Raises:
         LeaseStoreError: the table is missing or unreachable (the message names it).
     """
-    from .dynamodb import _from_item
-    from .kcl_rows import view_row
-
     rows: list[dict[str, Any]] = []
     for item in _scan_pages(dynamodb, table):
-        row = view_row(_from_item(item), stream)
+        row = view_row(from_item(item), stream)
         if row is None or (stream is not None and row["stream"] != stream):
             continue
         rows.append(row)
@@ -139,7 +138,7 @@ def print_lease_table(console: Any, title: str, rows: Sequence[dict[str, Any]], 
     for name in columns:
         table.add_column(name, justify="right" if name in ("lease counter", "records read") else "left",
                          overflow="fold")
-    now_ms = time.time() * 1000
+    now_ms = wall_ms()
     for r in rows:
         cells = [r["shard_id"], r["owner"] or "free", str(r["counter"])]
         if records is not None:

@@ -404,10 +404,11 @@ class ShardConsumer:
         self.stats["records"] += len(records)
         self.stats["bytes"] += payload_bytes(records)
 
-    async def _checkpoint_after(self, last: Record) -> None:
+    async def _checkpoint_after(self, last: Record, partial: bool = False) -> None:
         """Every record up to ``last`` is acknowledged: give back the bytes of the responses it
-        completes, and checkpoint it (when due)."""
-        self.checkpoints.acknowledged(last.sequence_number, last.sub_sequence_number)
+        completes, and checkpoint it (when due; at once after a ``partial`` acknowledgement of
+        a batch, whose rest is retried)."""
+        self.checkpoints.acknowledged(last.sequence_number, last.sub_sequence_number, partial=partial)
         responses = self._responses
         if responses:
             position = last.position

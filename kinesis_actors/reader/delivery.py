@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..clock import monotonic_s, wall_s
 from ..delivery import DeadLetterWriter, DeliveryEngine, DeliveryResult, Lanes, OneLane, ShardPipeline
@@ -22,10 +22,17 @@ from ..records import Record
 from .spec import Deliver, ReaderSpec, Sleep
 from .timers import wait_first
 
-__all__ = ["BatchDelivery", "DeliveryResult", "SINK_BACKOFF"]  # DeliveryResult, SINK_BACKOFF: kinesis_actors.delivery
+__all__ = ["BatchDelivery", "Checkpoint", "DeliveryResult", "SINK_BACKOFF"]  # DeliveryResult, SINK_BACKOFF: kinesis_actors.delivery
 
 log = logging.getLogger("kinesis_actors.reader")
 T = TypeVar("T")
+
+
+class Checkpoint(Protocol):
+    """``async checkpoint(last, partial=False)``: every record up to ``last`` is acknowledged
+    (``partial``: the rest of its batch is retried)."""
+
+    def __call__(self, last: Record, partial: bool = False) -> Awaitable[None]: ...
 
 
 def _materialize(got: Fetched) -> None:
@@ -94,14 +101,14 @@ class BatchDelivery:
         c = self.controls
         return c.parallelization_factor > 1 or c.gathers or c.max_batch_bytes is not None
 
-    def lanes(self, checkpoint: Callable[[Record], Awaitable[None]], acked: Callable[[Sequence[Record]], object], *,
-              sleep: Sleep) -> Lanes:
+    def lanes(self, checkpoint: Checkpoint, acked: Callable[[Sequence[Record]], object], *, sleep: Sleep) -> Lanes:
         """The lanes of this shard, which the read loop drives: a :class:`ShardPipeline` when
         batches are gathered (:attr:`gathers`: up to ``parallelization_factor`` in flight),
         else a :class:`OneLane` (one batch in flight, at most ``batch_limit`` records).
 
         Args:
-            checkpoint: ``async checkpoint(record)``: every record up to it is acknowledged.
+            checkpoint: ``async checkpoint(record, partial=False)``: every record up to it is
+                acknowledged (``partial``: the rest of its batch is retried).
             acked: called with records once they are acknowledged (the counters).
             sleep: ``async sleep`` on the injected clock (the lanes' waits).
         """

@@ -39,7 +39,8 @@ class ReaderSpec:
         consumer_arn: the registered stream consumer for enhanced fan-out
             (``retrieval="fanout"``); None reads with ``GetRecords``.
         min_checkpoint_interval_s: shortest gap between two checkpoint writes, seconds
-            (``KinesisStream.min_checkpoint_interval_s``); 0 checkpoints every acknowledged batch.
+            (``KinesisStream.min_checkpoint_interval_s``); 0 checkpoints every acknowledged
+            batch; None writes the checkpoint with the lease's next renewal.
         delivery: the delivery controls (``KinesisStream.delivery_options()``); None: only
             ``max_sink_retries`` and ``dead_letter``.
         renew_deadline_s: how long after its last successful write a consumer keeps
@@ -60,7 +61,7 @@ class ReaderSpec:
     max_sink_retries: int = KinesisStream.max_sink_retries
     dead_letter: Any = None
     consumer_arn: str | None = None
-    min_checkpoint_interval_s: float = KinesisStream.min_checkpoint_interval_s
+    min_checkpoint_interval_s: float | None = KinesisStream.min_checkpoint_interval_s
     delivery: DeliveryOptions | None = None
     renew_deadline_s: float = dataclasses.field(init=False, repr=False, compare=False)
 

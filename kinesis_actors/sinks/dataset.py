@@ -42,10 +42,10 @@ import asyncio
 import dataclasses
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..clock import monotonic_s
 from ..errors import InvalidError, KinesisError
 
 __all__ = ["DatasetSink", "DatasetSinkCore", "BATCH_FORMATS"]
@@ -96,7 +96,7 @@ class DatasetSinkCore:
 
     def __init__(self, fn: Callable[[Any], Any], *, window_s: float, window_records: int, window_bytes: int,
                  to_dataset: Callable[[list[Any]], Any] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = monotonic_s) -> None:
         self.fn = fn
         self.window_s = window_s
         self.window_records = window_records

@@ -22,6 +22,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+from ..clock import monotonic_s
 from ..errors import InvalidError, PartialBatchError
 from ..records import Record
 
@@ -131,8 +132,7 @@ class PullQueueCore:
         """
         if ack_previous:
             self.ack()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, timeout_s)
+        deadline = monotonic_s() + max(0.0, timeout_s)
         while True:
             if self._error is not None:
                 raise self._error
@@ -142,7 +142,7 @@ class PullQueueCore:
                     continue
                 self._current = (batch_id, records, future)
                 return records
-            remaining = deadline - loop.time()
+            remaining = deadline - monotonic_s()
             if remaining <= 0:
                 return None
             event = self._event()

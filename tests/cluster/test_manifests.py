@@ -37,6 +37,11 @@ OPT_IN = {
     "kinesis:DeregisterStreamConsumer": "KinesisBroker.deregister_stream_consumer, an explicit call",
 }
 FANOUT_STATEMENTS = ("EnhancedFanOutRegister", "EnhancedFanOutConsumer")
+# Kinesis calls KMS on the caller's behalf for a stream encrypted with a customer-managed key: no
+# library call names these actions, so the call collection cannot check them (test_the_kms_statement does).
+KMS_STATEMENT = "KmsEncryptedStream"
+KCL_STATEMENT = "KclLeaseTable"  # --kcl-application: a KCL application's own table
+KCL_MODULES = ("leases/kcl.py", "leases/kcl_update.py", "leases/kcl_rows.py")
 
 
 @functools.cache
@@ -81,10 +86,15 @@ def policy_actions(*, fanout: bool) -> set[str]:
     policy = json.loads((CLUSTER / "iam" / "kinesis-actors-policy.json").read_text())
     actions: set[str] = set()
     for statement in policy["Statement"]:
-        if statement.get("Sid") in FANOUT_STATEMENTS and not fanout:
+        if (statement.get("Sid") in FANOUT_STATEMENTS and not fanout) or statement.get("Sid") == KMS_STATEMENT:
             continue
         actions |= {statement["Action"]} if isinstance(statement["Action"], str) else set(statement["Action"])
     return actions
+
+
+def policy_statement(sid: str) -> dict[str, Any]:
+    policy = json.loads((CLUSTER / "iam" / "kinesis-actors-policy.json").read_text())
+    return next(s for s in policy["Statement"] if s.get("Sid") == sid)
 
 
 def strict(schema: Any) -> Any:
@@ -218,13 +228,39 @@ def test_the_iam_policy_is_least_privilege() -> None:
         assert len(services) == 1
         if services == {"kinesis"}:
             assert all(r.startswith("arn:aws:kinesis:") and ":stream/" in r for r in resources)
+        elif services == {"kms"}:
+            assert all(r.startswith("arn:aws:kms:") and ":key/" in r for r in resources)
         else:
             assert services == {"dynamodb"}
             assert all(r.startswith("arn:aws:dynamodb:") and ":table/" in r for r in resources)
         actions |= stmt_actions
         if statement.get("Sid") == "EnhancedFanOutConsumer":  # scoped to the one consumer, not the stream
             assert all(r.endswith(":stream/orders/consumer/orders-app:*") for r in resources), resources
-    assert actions == policy_actions(fanout=True)
+    assert actions == policy_actions(fanout=True) | set(policy_statement(KMS_STATEMENT)["Action"])
+
+
+def test_the_kms_statement_lets_the_job_read_and_put_an_encrypted_stream_only() -> None:
+    """A stream encrypted with a customer-managed KMS key: consumers need ``kms:Decrypt`` and
+    producers (``PutRecords``: the publisher, a dead-letter stream) ``kms:GenerateDataKey``, on
+    that key, and only when Kinesis asks for this stream (its ARN is the encryption context)."""
+    kms = policy_statement(KMS_STATEMENT)
+    assert set(kms["Action"]) == {"kms:Decrypt", "kms:GenerateDataKey"}
+    stream_arn = policy_statement("ReadAndPutTheStream")["Resource"]
+    assert kms["Condition"] == {"StringEquals": {"kms:EncryptionContext:aws:kinesis:arn": stream_arn}}
+    assert "kinesis:PutRecords" in policy_statement("ReadAndPutTheStream")["Action"]  # what GenerateDataKey serves
+
+
+def test_the_kcl_statement_allows_exactly_what_a_kcl_lease_store_calls() -> None:
+    """``--kcl-application APP``: the job reads and writes KCL's own table (named after the
+    application), never creates or deletes in it; the statement holds the operations the
+    KclLeaseStore modules call, no more."""
+    kcl = policy_statement(KCL_STATEMENT)
+    called = {a for a, modules in operations_called(fanout=False).items() if set(modules) & set(KCL_MODULES)}
+    assert called == {"dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
+                      "dynamodb:Scan"}, called
+    assert set(kcl["Action"]) == called
+    assert kcl["Resource"].endswith(":table/orders-app")  # the application name of the README's example
+    assert kcl["Resource"] != policy_statement("LeaseTable")["Resource"]
 
 
 @pytest.mark.parametrize("fanout", [False, True], ids=["polling", "fanout"])
@@ -300,3 +336,23 @@ def test_the_pipeline_sets_the_sizing_knobs_and_a_kcl_lease_table() -> None:
         pipeline.parse_args(["--lease-table", "t"], env)  # a KCL table and a lease table: which one?
     with pytest.raises(SystemExit):
         pipeline.parse_args(["--create-lease-table"], env)  # a KCL table is never created
+
+
+def test_one_sizing_rule_in_the_guide_the_cluster_readme_and_the_pipeline_help() -> None:
+    """docs/production.md, cluster/README.md and ``pipeline.py --help`` give the same rule: per-MB
+    and per-request cost, half a core per reader; the older per-MB-only rules are gone."""
+    import contextlib
+    import io
+
+    pipeline = import_pipeline()
+    help_text = io.StringIO()
+    with contextlib.redirect_stdout(help_text), pytest.raises(SystemExit):
+        pipeline.parse_args(["--help"], {})
+    texts = {"docs/production.md": (REPO / "docs" / "production.md").read_text(),
+             "cluster/README.md": (CLUSTER / "README.md").read_text(),
+             "pipeline.py --help": " ".join(help_text.getvalue().split())}
+    for where, text in texts.items():
+        flat = " ".join(text.split())
+        assert "0.0087" in flat and "0.001" in flat and "<= 0.5" in flat, where  # per MB, per request, half a core
+        assert "reader_target_cpu" in flat, where  # what load placement does by itself
+        assert "0.10 <= 1" not in flat and "57 / b" not in flat, where

@@ -363,14 +363,14 @@ def test_list_returns_only_that_streams_shard_rows_sorted(kind: str, make_store:
     store = make_store(scan_page_size=3) if kind == "dynamodb" else make_store()
     scans = []
     if kind == "dynamodb":
-        store._client_now().meta.events.register("after-call.dynamodb.Scan", lambda **_: scans.append(1))
+        store.dynamo.client_now().meta.events.register("after-call.dynamodb.Scan", lambda **_: scans.append(1))
     shards = [f"shardId-{i:012d}" for i in range(14)]
     for shard in random.sample(shards, len(shards)):
         store.take(stream, shard, owner="a", duration_s=DURATION_S)
     for shard in shards[:4]:
         store.take(stream + "x", shard, owner="b", duration_s=DURATION_S)  # a stream sharing the prefix
     # A presence row of a later issue: same stream attribute, a key that is not a shard's.
-    assert store._put_new({"lease_key": f"{stream}#instance#a", "stream": stream, "lease_owner": "a",
+    assert store.rows.put_new({"lease_key": f"{stream}#instance#a", "stream": stream, "lease_owner": "a",
                            "lease_counter": 1, "lease_duration_ms": 1000})
     listed = store.list(stream)
     assert [lease.shard_id for lease in listed] == shards
@@ -474,7 +474,7 @@ def test_bad_input_is_refused_before_any_io() -> None:
     for _, call in BAD_CALLS:
         with pytest.raises(InvalidError):
             call(store, "orders", lease)
-    assert store._client is None  # not even a client was built
+    assert store.dynamo.client is None  # not even a client was built
 
 
 # --------------------------------------------------------------------------- pickling
@@ -536,7 +536,7 @@ def test_dynamo_missing_table_names_it(endpoint: str, unique: str) -> None:
 def test_dynamo_constructor_does_no_io_and_validates_the_name() -> None:
     store = DynamoLeaseStore("app-leases", create_if_missing=True, endpoint="http://127.0.0.1:9",
                              region="us-east-1", test_credentials=True)
-    assert store._client is None
+    assert store.dynamo.client is None
     assert repr(store) == "DynamoLeaseStore(table='app-leases', endpoint='http://127.0.0.1:9')"
     assert "testing" not in repr(store)
     for bad in ("ab", "", "a" * 256, "bad name", "bad/name", None, 12):

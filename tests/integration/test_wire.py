@@ -123,6 +123,16 @@ def test_moto_fast_path_equals_botocore(endpoint: str, unique: str) -> None:
     _check_emulator(endpoint, f"wire-{unique}")
 
 
+def test_the_parser_over_urllib3_equals_botocore(endpoint: str, unique: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KINESIS_ACTORS_WIRE_HTTP=0: the same parser, the requests sent by urllib3, not WirePool."""
+    from kinesis_actors.wire import HTTP_ENV
+
+    monkeypatch.setenv(HTTP_ENV, "0")
+    client = kinesis_client(endpoint)
+    assert WireGetRecords(client)._http is None
+    _check_emulator(endpoint, f"wire-u3-{unique}")
+
+
 def test_a_shard_fetcher_reads_through_the_fast_path_on_moto(endpoint: str, unique: str) -> None:
     stream = f"wire-fetch-{unique}"
     create_stream(endpoint, stream, 1)

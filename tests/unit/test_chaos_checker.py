@@ -98,3 +98,14 @@ def test_duplicates_are_counted_per_shard_in_batches() -> None:
     assert v.duplicates_by_shard == {"shardId-0": 2} and v.largest_batch_by_shard == {"shardId-0": 3}
     assert abs(v.duplicate_batches("shardId-0") - 2 / 3) < 1e-9
     assert v.batches_redelivered_by_shard == {"shardId-0": 2}  # record 3 came in the first batch, 4 in the second
+
+
+def test_redelivery_windows_count_how_far_back_the_redelivered_records_were_acknowledged() -> None:
+    pub = [Published(i, "shardId-0", str(i + 1), 100.0) for i in range(20)]
+    first = [Delivered(p.n, p.shard_id, p.sequence_number, 10.0 + p.n * 0.5) for p in pub]  # 0.5 s apart
+    within = check("one renew interval", pub, first + first[14:])  # acknowledged over 2.5 s: one 3 s window
+    assert within.redelivery_windows("shardId-0", 3.0) == 1
+    assert within.redelivered_acked_at_by_shard["shardId-0"] == [17.0, 17.5, 18.0, 18.5, 19.0, 19.5]
+    stale = check("a checkpoint three intervals old", pub, first + first[2:])  # 8.5 s of acknowledgements
+    assert stale.redelivery_windows("shardId-0", 3.0) == 3  # fails a bound of one window per failure
+    assert check("clean", pub, first).redelivery_windows("shardId-0", 3.0) == 0

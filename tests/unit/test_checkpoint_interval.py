@@ -112,7 +112,7 @@ def test_a_lost_lease_redelivers_what_was_acknowledged_since_the_last_checkpoint
         await until(store.clock, lambda: len(first_sink.seqs) == 100, WAIT_S, what="100 records")
         thief = store.peer()
         row = thief.get(STREAM, SHARD)
-        assert thief._update(row.key, row.owner, row.counter, {"lease_owner": "thief",
+        assert thief.rows.update(row.key, row.owner, row.counter, {"lease_owner": "thief",
                                                               "lease_counter": row.counter + 1}) is not None
         assert await finish(store.clock, task, WAIT_S) == ConsumerState.LOST
         await read_then_stop(consumer(shard, thief, second_sink, 0.0, owner="thief", clock=store.clock), second_sink, 90)
@@ -159,4 +159,5 @@ def test_shard_end_is_written_even_within_the_interval() -> None:
 def test_the_interval_is_validated_before_any_aws_call(bad: Any) -> None:
     with pytest.raises(InvalidError, match="min_checkpoint_interval_s"):
         KinesisStream("s", min_checkpoint_interval_s=bad)
-    assert KinesisStream("s").min_checkpoint_interval_s == 0.0
+    assert KinesisStream("s").min_checkpoint_interval_s is None  # the default: with the renewals
+    assert KinesisStream("s", min_checkpoint_interval_s=0).min_checkpoint_interval_s == 0

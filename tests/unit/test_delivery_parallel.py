@@ -312,7 +312,7 @@ def test_a_lane_that_failed_unseen_is_not_idle_so_shard_end_waits_for_its_error(
         await asyncio.sleep(0)
         raise SinkError("gave up")
 
-    async def checkpoint(r: Record) -> None:
+    async def checkpoint(r: Record, partial: bool = False) -> None:
         written.append(r.position)
 
     async def main() -> None:

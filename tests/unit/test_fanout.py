@@ -270,7 +270,7 @@ def test_a_lost_lease_ends_the_subscription_at_once_and_writes_nothing_more() ->
         await until(clock, lambda: consumer.lease.checkpoint == "5")
         thief = store.peer()
         row = thief.get(STREAM, SHARD)
-        assert thief._update(row.key, row.owner, row.counter,
+        assert thief.rows.update(row.key, row.owner, row.counter,
                              {"lease_owner": "thief", "lease_counter": row.counter + 1}) is not None
         shard.add(5)
         state: ConsumerState = await finish(clock, task, 3.0)

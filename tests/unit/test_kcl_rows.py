@@ -20,7 +20,7 @@ import pytest
 from kinesis_actors import KclLeaseStore
 from kinesis_actors.balancing import ShardState, plan_leases
 from kinesis_actors.errors import InvalidError
-from kinesis_actors.leases.dynamodb import _to_attr
+from kinesis_actors.leases.dynamodb import to_attr
 from kinesis_actors.leases.kcl_rows import (
     is_lease_item,
     item_to_row,
@@ -155,41 +155,41 @@ def test_take_writes_what_take_lease_writes() -> None:
     """getDynamoTakeLeaseUpdate: owner PUT, checkpointOwner DELETE, switches ADD 1 on a change of owner."""
     text = _clauses(kcl_update("kcl-worker-1", 41, {"lease_owner": "me", "lease_counter": 42,
                                                     "lease_write_token": "t", "lease_duration_ms": 5},
-                               ("lease_next_owner",), check_owner=True, to_attr=_to_attr))
+                               ("lease_next_owner",), check_owner=True, to_attr=to_attr))
     assert "leaseOwner = 'me'" in text and "leaseCounter = '42'" in text and "kinesisActorsWriteToken = 't'" in text
     assert "ADD ownerSwitchesSinceCheckpoint '1'" in text and "REMOVE checkpointOwner" in text
     assert "leaseCounter = '41'" in text.split(" IF ")[1] and "leaseOwner = 'kcl-worker-1'" in text.split(" IF ")[1]
     assert "duration" not in text  # KCL rows have no duration: failoverTimeMillis is the application's
     free = _clauses(kcl_update(None, 3, {"lease_owner": "me", "lease_counter": 4}, ("lease_next_owner",),
-                               check_owner=True, to_attr=_to_attr))
+                               check_owner=True, to_attr=to_attr))
     assert "ADD" not in free and "attribute_not_exists(leaseOwner)" in free
 
 
 def test_checkpoint_writes_what_set_checkpoint_writes() -> None:
     """DynamoDBCheckpointer.setCheckpoint: checkpoint + sub, switches reset, pending checkpoint removed."""
     text = _clauses(kcl_update("me", 4, {"checkpoint": SEQ, "lease_counter": 5}, ("checkpoint_sub_sequence",),
-                               check_owner=True, to_attr=_to_attr))
+                               check_owner=True, to_attr=to_attr))
     assert f"checkpoint = '{SEQ}'" in text and "checkpointSubSequenceNumber = '0'" in text
     assert "ownerSwitchesSinceCheckpoint = '0'" in text
     assert "REMOVE pendingCheckpoint, pendingCheckpointSubSequenceNumber, pendingCheckpointState" in text
     kpl = _clauses(kcl_update("me", 5, {"checkpoint": SEQ, "checkpoint_sub_sequence": 3, "lease_counter": 6}, (),
-                              check_owner=True, to_attr=_to_attr))
+                              check_owner=True, to_attr=to_attr))
     assert "checkpointSubSequenceNumber = '3'" in kpl and f"kinesisActorsCheckpoint = '{SEQ}:3'" in kpl
 
 
 def test_release_writes_what_evict_lease_writes() -> None:
     """getDynamoEvictLeaseUpdate (no handoff pending): DELETE leaseOwner and checkpointOwner, counter +1."""
-    text = _clauses(kcl_update("me", 6, {"lease_counter": 7}, ("lease_owner",), check_owner=True, to_attr=_to_attr))
+    text = _clauses(kcl_update("me", 6, {"lease_counter": 7}, ("lease_owner",), check_owner=True, to_attr=to_attr))
     assert "REMOVE leaseOwner, checkpointOwner" in text and "leaseCounter = '7'" in text
     assert "checkpoint =" not in text  # the checkpoint is kept
 
 
 def test_handoff_request_and_withdrawal_use_checkpoint_owner() -> None:
     """initiateGracefulLeaseHandoff: leaseOwner = asker, checkpointOwner = holder, counter unchanged."""
-    ask = _clauses(kcl_update(None, 6, {"lease_next_owner": "thief"}, (), check_owner=False, to_attr=_to_attr))
+    ask = _clauses(kcl_update(None, 6, {"lease_next_owner": "thief"}, (), check_owner=False, to_attr=to_attr))
     assert "checkpointOwner = if_not_exists(checkpointOwner, leaseOwner)" in ask and "leaseOwner = 'thief'" in ask
     assert "leaseCounter =" not in ask.split(" IF ")[0]
-    back = _clauses(kcl_update(None, 6, {}, ("lease_next_owner",), check_owner=False, to_attr=_to_attr))
+    back = _clauses(kcl_update(None, 6, {}, ("lease_next_owner",), check_owner=False, to_attr=to_attr))
     assert "leaseOwner = checkpointOwner" in back and "REMOVE checkpointOwner" in back
 
 
@@ -214,7 +214,7 @@ def test_store_refuses_another_stream_and_writes_no_presence_without_io() -> Non
         store.claim_stream("payments")
     assert store.heartbeat("orders", "me", duration_s=10.0).owner == "me"
     assert store.instances("orders") == [] and store.remove_presence("orders", "me") is None
-    assert store._client is None  # none of that reached DynamoDB
+    assert store.kcl.dynamo.client is None  # none of that reached DynamoDB
     with pytest.raises(InvalidError):
         KclLeaseStore("my-kcl-app", stream="a:b")
     with pytest.raises(InvalidError):
@@ -275,3 +275,13 @@ def test_a_live_kcl_worker_fails_the_subscription() -> None:
         await core.close()
 
     asyncio.run(scenario())
+
+
+def test_kcl_fleet_live_error_is_exported_from_the_package() -> None:
+    """Users catch it from the package, as they catch every error of the family."""
+    import kinesis_actors
+    from kinesis_actors import KclFleetLiveError, LeaseStoreError
+    from kinesis_actors.leases.kcl import KclFleetLiveError as defined
+
+    assert KclFleetLiveError is defined and "KclFleetLiveError" in kinesis_actors.__all__
+    assert issubclass(KclFleetLiveError, LeaseStoreError)

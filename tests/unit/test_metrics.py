@@ -178,7 +178,7 @@ def test_the_coordinator_calls_the_hook_on_each_lease_poll(sink: RecordingSink, 
     import kinesis_actors.coordinator as coordinator
 
     seen: list[Any] = []
-    monkeypatch.setattr(coordinator, "coordinator_tick", lambda core: seen.append(core))
+    monkeypatch.setattr(metrics, "coordinator_tick", lambda core: seen.append(core))
     from kinesis_actors.config import KinesisStream
 
     core = coordinator.CoordinatorCore(KinesisStream(STREAM), aws=None, store=InProcessLeaseStore(), owner_id="me",  # type: ignore[arg-type]

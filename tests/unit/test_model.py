@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import pickle
+from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
@@ -19,9 +20,11 @@ from kinesis_actors import (
     StreamError,
 )
 from kinesis_actors.errors import KinesisError, translate_aws_error
+from kinesis_actors.leases.rows import LocalRows
 from kinesis_actors.publisher import MAX_REQUEST_BYTES, _chunks, _entry
 from kinesis_actors.records import records_from_response
 from kinesis_actors.testing import InProcessLeaseStore as InProcessLeaseStoreBase
+from kinesis_actors.testing import client_error
 
 
 @pytest.mark.parametrize("position", [
@@ -118,21 +121,36 @@ def test_errors_translate_and_pickle() -> None:
 
 
 # ------------------------------------------------------------------ writes that land although they failed
-class _LandsThenFails(InProcessLeaseStoreBase):
-    """The next ``_update`` is applied, then answered as the chosen failure: ``"retry"`` (botocore
-    retried a timed-out UpdateItem whose first attempt landed: the condition now fails) or
+class _LandsThenFailsRows(LocalRows):
+    """The next ``update`` is applied, then answered as the chosen failure: ``"retry"`` (a
+    timed-out UpdateItem whose first attempt landed, retried: the condition now fails) or
     ``"error"`` (the call raised a transient error after the row changed)."""
 
     fail: str | None = None
 
-    def _update(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        new = super()._update(*args, **kwargs)
+    def update(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        new = super().update(*args, **kwargs)
         mode, self.fail = self.fail, None
         if mode == "retry":
             return None
         if mode == "error":
             raise LeaseStoreError("read timeout (injected)", retriable=True)
         return new
+
+
+class _LandsThenFails(InProcessLeaseStoreBase):
+    """An in-process store over :class:`_LandsThenFailsRows`; ``fail`` arms the next update."""
+
+    def __init__(self) -> None:
+        super().__init__(_LandsThenFailsRows())
+
+    @property
+    def fail(self) -> str | None:
+        return self._rows.fail  # type: ignore[attr-defined,no-any-return]
+
+    @fail.setter
+    def fail(self, mode: str | None) -> None:
+        self._rows.fail = mode  # type: ignore[attr-defined]
 
 
 def test_a_renewal_whose_retry_fails_its_condition_after_the_first_attempt_landed_is_kept() -> None:
@@ -200,3 +218,49 @@ def test_missing_credentials_name_the_cause_in_one_chained_step(monkeypatch: pyt
         ensure_stream(NoCredentials(), "orders", create_shards=4)
     assert isinstance(err.value.__cause__, NoCredentialsError) and err.value.__cause__.__cause__ is None
     assert err.value.__context__ is err.value.__cause__, "raised where it happened, not from the create branch"
+
+
+class _PartialPuts:
+    """A Kinesis client whose PutRecords fails the entries named in ``fail`` once each, and
+    throttles the whole call ``throttle`` times first."""
+
+    def __init__(self, fail: set[bytes], throttle: int = 0) -> None:
+        self.fail, self.throttle, self.calls = set(fail), throttle, []
+
+    def put_records(self, *, StreamName: str, Records: list[dict[str, Any]]) -> dict[str, Any]:
+        self.calls.append([r["Data"] for r in Records])
+        if self.throttle:
+            self.throttle -= 1
+            raise client_error("ProvisionedThroughputExceededException", "PutRecords")
+        out = []
+        for r in Records:
+            if r["Data"] in self.fail:
+                self.fail.discard(r["Data"])
+                out.append({"ErrorCode": "InternalFailure"})
+            else:
+                out.append({"ShardId": "shardId-0", "SequenceNumber": str(len(self.calls))})
+        return {"Records": out}
+
+
+def test_publisher_retries_failed_entries_and_throttled_calls_in_one_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from kinesis_actors import publisher as publisher_module
+    from kinesis_actors.aws import AwsSettings
+    from kinesis_actors.connection import ConnectionState
+    from kinesis_actors.publisher import Publisher
+
+    slept: list[float] = []
+    monkeypatch.setattr(publisher_module, "time", SimpleNamespace(sleep=slept.append))
+    state = ConnectionState.detached(AwsSettings(test_credentials=True))
+    client = _PartialPuts({b"b"}, throttle=1)
+    state._clients["kinesis/0"] = client  # the publisher asks for a client without botocore's retries
+    results = Publisher("s", state, max_attempts=3).put_many([(b"a", "k"), (b"b", "k")])
+    assert [r.shard_id for r in results] == ["shardId-0", "shardId-0"]
+    assert client.calls == [[b"a", b"b"], [b"a", b"b"], [b"b"]], "throttled, then only the failed entry again"
+    assert len(slept) == 2
+    stuck = _PartialPuts(set(), throttle=10)
+    state._clients["kinesis/0"] = stuck
+    with pytest.raises(KinesisError) as e:
+        Publisher("s", state, max_attempts=3).put_many([(b"a", "k")])
+    assert len(stuck.calls) == 3 and e.value.retriable

@@ -39,12 +39,14 @@ def consumer(spec: ReaderSpec, lease: Any, store: Any, deliver: Any, shard: Any,
 
 def make_reader(shard: FakeShard, store: InProcessLeaseStore, deliver: Any, *, start_at: StartAt | None = None,
                 max_records: int = 100, lease_duration_s: float = 2.0, max_sink_retries: int = 2,
-                dead_letter: Any = None, clock: FakeClock | None = None) -> ShardConsumer:
+                dead_letter: Any = None, clock: FakeClock | None = None,
+                min_checkpoint_interval_s: float | None = None) -> ShardConsumer:
     lease = store.take(STREAM, SHARD, owner="me", duration_s=lease_duration_s)
     assert lease is not None
     spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=start_at or StartAt.trim_horizon(),
                       lease_duration_s=lease_duration_s, renew_interval_s=0.2, max_records=max_records,
-                      idle_wait_s=0.01, max_sink_retries=max_sink_retries, dead_letter=dead_letter)
+                      idle_wait_s=0.01, max_sink_retries=max_sink_retries, dead_letter=dead_letter,
+                      min_checkpoint_interval_s=min_checkpoint_interval_s)
     return consumer(spec, lease, store, deliver, shard, clock or FakeClock())
 
 
@@ -157,7 +159,7 @@ def test_dead_letter_receives_one_document_per_refused_record_then_it_is_acknowl
 def test_lost_lease_stops_the_reader_and_it_writes_nothing_more() -> None:
     shard, store = FakeShard(5), InProcessLeaseStore()
     sink = Recorder()
-    reader = make_reader(shard, store, sink)
+    reader = make_reader(shard, store, sink, min_checkpoint_interval_s=0.0)  # one checkpoint per batch
 
     clock = clock_of(reader)
 
@@ -168,7 +170,7 @@ def test_lost_lease_stops_the_reader_and_it_writes_nothing_more() -> None:
         # another owner takes the row (as after an expiry elsewhere)
         thief = store.peer()
         row = thief.get(STREAM, SHARD)
-        stolen = thief._update(row.key, row.owner, row.counter, {"lease_owner": "thief", "lease_counter": row.counter + 1})
+        stolen = thief.rows.update(row.key, row.owner, row.counter, {"lease_owner": "thief", "lease_counter": row.counter + 1})
         assert stolen is not None
         shard.add(5)
         return await finish(clock, task, 3.0)
@@ -299,7 +301,7 @@ def test_a_reader_resumed_after_a_pause_delivers_nothing_once_fenced() -> None:
     # not hand the batch it holds downstream.
     clock = FakeClock()
     shard, store, sink = FakeShard(3), InProcessLeaseStore(clock=clock), Recorder()
-    reader = make_reader(shard, store, sink, lease_duration_s=1.0, clock=clock)
+    reader = make_reader(shard, store, sink, lease_duration_s=1.0, clock=clock, min_checkpoint_interval_s=0.0)
     get_records = shard.get_records
 
     def paused_get_records(**kw: Any) -> dict[str, Any]:
@@ -307,7 +309,7 @@ def test_a_reader_resumed_after_a_pause_delivers_nothing_once_fenced() -> None:
         if out["Records"] and int(out["Records"][0]["SequenceNumber"]) > 3:  # the batch after the first
             thief = store.peer()
             row = thief.get(STREAM, SHARD)
-            assert thief._update(row.key, row.owner, row.counter,
+            assert thief.rows.update(row.key, row.owner, row.counter,
                                  {"lease_owner": "thief", "lease_counter": row.counter + 1}) is not None
             clock.advance(5.0)  # the pause: five lease durations pass at once
         return out

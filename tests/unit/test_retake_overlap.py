@@ -10,7 +10,8 @@ delivered twice lies in the ONE batch the old loop delivered past the checkpoint
 read. That one batch can repeat records the new loop delivered first and be repeated by
 the new loop's next batch, so the duplicates can come from two acknowledged calls (one
 of each loop): ``tests/chaos/test_chaos.py`` allows that when its old readers outlived
-the replacement."""
+the replacement. The loops write a checkpoint per acknowledged batch
+(``min_checkpoint_interval_s=0``), the mode whose bound is one batch."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class Overlap:
 def _spec() -> ReaderSpec:
     return ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=StartAt.trim_horizon(),
                       lease_duration_s=LEASE_S, renew_interval_s=RENEW_S, max_records=1000, idle_wait_s=0.2,
-                      max_sink_retries=2)
+                      max_sink_retries=2, min_checkpoint_interval_s=0.0)
 
 
 def _overlap(take_after_s: float, new_starts_after_s: float, spread: float = 0.5) -> Overlap:

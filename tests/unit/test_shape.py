@@ -1,8 +1,16 @@
-"""Shape limits of the package (issue 22): a module <= 500 lines, a class <= 400, a function <= 60.
+"""Shape limits of the package: a module <= 500 lines, a class <= 400, a function <= 60; and
+the structure figures of :mod:`tests.unit.structure_metrics` against their goals.
 
 Spans are measured with ``ast``: a class or function runs from its ``def``/``class`` line to
 its last line (``end_lineno``), docstrings included, decorators not. A module is measured by
 its line count. ``kinesis_actors/demo/`` and ``kinesis_actors/testing.py`` are exempt.
+
+Structure figures (import cycles, private members reached across modules, direct clock
+calls, modules at 400-500 lines, files entered to follow a batch, a checkpoint and a
+renewal): each figure of ``structure_metrics.GOALS`` is asserted by
+``test_structure_figure_meets_its_goal`` unless it is named in :data:`NOT_YET`; a figure
+that reaches its goal is enabled by removing its name from :data:`NOT_YET`.
+``python -m tests.unit.structure_metrics`` prints them all with the details.
 """
 
 from __future__ import annotations
@@ -10,8 +18,13 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import kinesis_actors
+
+from . import structure_metrics as sm
 
 MAX_MODULE_LINES = 500
 MAX_CLASS_LINES = 400
@@ -76,4 +89,72 @@ def test_spans_count_def_to_last_line() -> None:
 
 def test_no_module_class_or_function_over_the_limits() -> None:
     violations = _violations()
-    assert not violations, "shape limits of issue 22 broken:\n" + "\n".join(violations)
+    assert not violations, "shape limits broken:\n" + "\n".join(violations)
+
+
+NOT_YET = frozenset({"batch_files", "renewal_files", "checkpoint_files", "import_cycles", "private_members",
+                     "clock_calls_outside_clock_module", "modules_400_500_lines"})
+"""Figures of ``structure_metrics.GOALS`` not asserted yet: each is over its goal because of
+code being rewritten elsewhere (the read loop in ``reader/``, the lease stores in ``leases/``);
+remove a name once its figure meets its goal."""
+
+OUTSIDE_REWRITES = ("kinesis_actors.reader", "kinesis_actors.leases")
+"""The packages whose rewrite is under way: the figures below already hold everywhere else."""
+
+
+@pytest.fixture(scope="module")
+def figures() -> dict[str, Any]:
+    return sm.figures(trace=bool((set(sm.GOALS) - NOT_YET) & {"batch_files", "renewal_files", "checkpoint_files"}))
+
+
+def test_every_not_yet_figure_is_a_goal() -> None:
+    assert set(sm.GOALS) >= NOT_YET
+
+
+@pytest.mark.parametrize("name", sorted(set(sm.GOALS) - NOT_YET))
+def test_structure_figure_meets_its_goal(name: str, figures: dict[str, Any]) -> None:
+    assert figures[name] <= sm.GOALS[name], f"{name} = {figures[name]} > {sm.GOALS[name]}:\n{sm.table(figures)}"
+
+
+def _outside(module: str) -> bool:
+    return not module.startswith(OUTSIDE_REWRITES)
+
+
+def test_no_import_cycle_outside_the_rewrites(figures: dict[str, Any]) -> None:
+    cycles = [c for c in figures["cycles"] if any(_outside(m) for m in c)]
+    assert not cycles, cycles
+
+
+def test_no_direct_clock_call_outside_the_clock_module_and_the_rewrites(figures: dict[str, Any]) -> None:
+    sites = [c for c in figures["clock_sites"] if _outside(c[0])]
+    assert not sites, sites
+
+
+def test_the_clock_rule_sees_calls_through_aliases_and_not_references() -> None:
+    import ast
+
+    tree = ast.parse("import time as t\nimport datetime as d\nfrom time import monotonic as m\n"
+                     "import asyncio\n"
+                     "a = t.monotonic()\nb = d.datetime.now()\nc = m()\nf = t.monotonic\n"
+                     "g = asyncio.get_running_loop().time()\nh = time.sleep(1)\n")
+    aliases = sm._aliases(tree)
+    lines = sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and sm._is_clock_call(n, aliases))
+    assert lines == [5, 6, 7, 9]
+
+
+def test_type_checking_imports_are_not_edges_but_function_imports_are() -> None:
+    import ast
+
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n"
+                     "def f():\n    import b\n")
+    names = {a.name for n in sm._runtime_nodes(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert names == {"b"}
+
+
+def test_the_runtime_trace_follows_a_batch_a_checkpoint_and_a_renewal() -> None:
+    walks = sm.trace_files()
+    assert "kinesis_actors/kinesis.py" in walks["batch"] or "kinesis_actors/wire.py" in walks["batch"]
+    assert any(f.startswith("kinesis_actors/reader/") for f in walks["batch"])
+    assert any(f.startswith("kinesis_actors/leases/") for f in walks["checkpoint"])
+    assert any(f.startswith("kinesis_actors/leases/") for f in walks["renewal"])
+    assert "kinesis_actors/testing.py" not in set().union(*map(set, walks.values()))
