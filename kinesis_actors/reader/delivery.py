@@ -22,7 +22,8 @@ from ..records import Record
 from .spec import Deliver, ReaderSpec, Sleep
 from .timers import wait_first
 
-__all__ = ["BatchDelivery", "Checkpoint", "DeliveryResult", "SINK_BACKOFF"]  # DeliveryResult, SINK_BACKOFF: kinesis_actors.delivery
+# DeliveryResult, SINK_BACKOFF: kinesis_actors.delivery's
+__all__ = ["BatchDelivery", "Checkpoint", "DeliveryResult", "SINK_BACKOFF"]
 
 log = logging.getLogger("kinesis_actors.reader")
 T = TypeVar("T")
