@@ -1,6 +1,7 @@
-"""TableShardConsumer without Ray: a fake shard, an in-process lease store, and a real Delta table
-behind an in-process committer. Shard end commits before SHARD_END; a new owner resumes after the
-table when it is ahead of the checkpoint; checkpoints never pass what the table holds."""
+"""The read loop with a table sink's hook (ShardConsumer + ShardTableLink) without Ray: a fake
+shard, an in-process lease store, and a real Delta table behind an in-process committer. Shard
+end commits before SHARD_END; a new owner resumes after the table when it is ahead of the
+checkpoint; checkpoints never pass what the table holds."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from kinesis_actors import SHARD_END, StartAt
-from kinesis_actors.reader import ConsumerState, ReaderSpec
-from kinesis_actors.sinks.tables import ShardKey, TableCommitter, TableSink
-from kinesis_actors.sinks.tables.consumer import TableShardConsumer, consumer_class
+from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer
+from kinesis_actors.sinks.hooks import shard_hooks
+from kinesis_actors.sinks.tables import ShardKey, ShardTableLink, TableCommitter, TableSink
 from kinesis_actors.sinks.tables.delta import DeltaBackend
 from kinesis_actors.sinks.tables.sink import to_rows
 from kinesis_actors.testing import FakeClock, FakeShard, InlineIo, InProcessLeaseStore
@@ -22,10 +23,10 @@ STREAM, SHARD = "s", "shardId-000000000000"
 class LocalTableSink(TableSink):
     """A table sink whose per-lease calls go to an in-process committer (no Ray)."""
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(commit_interval_s=0.2, transform=None, create_if_missing=True)
+    def __init__(self, path: Path, commit_interval_s: float = 0.2) -> None:
+        super().__init__(commit_interval_s=commit_interval_s, transform=None, create_if_missing=True)
         self.path = path
-        self.committer = TableCommitter(DeltaBackend(str(path)), commit_interval_s=0.2)
+        self.committer = TableCommitter(DeltaBackend(str(path)), commit_interval_s=commit_interval_s)
 
     def backend(self) -> DeltaBackend:
         return DeltaBackend(str(self.path))
@@ -50,7 +51,7 @@ class LocalTableSink(TableSink):
 
 
 def reader(shard: FakeShard, store: InProcessLeaseStore, sink: LocalTableSink, owner: str,
-           min_checkpoint_interval_s: float = 0.0) -> TableShardConsumer:
+           min_checkpoint_interval_s: float | None = 0.0) -> ShardConsumer:
     lease = store.take(STREAM, SHARD, owner=owner, duration_s=10.0)
     assert lease is not None
     spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id=owner, start_at=StartAt.trim_horizon(),
@@ -58,13 +59,15 @@ def reader(shard: FakeShard, store: InProcessLeaseStore, sink: LocalTableSink, o
                       max_sink_retries=2, min_checkpoint_interval_s=min_checkpoint_interval_s)
     clock = FakeClock(follow_real=True)
     shard.clock = clock
-    cls = consumer_class(sink.deliver)
-    assert cls is TableShardConsumer
-    return cls(spec, lease, store, sink.deliver, shard, clock=clock, sleep=clock.sleep,  # type: ignore[return-value]
-               io=InlineIo(clock))
+    hooks = shard_hooks(sink)  # what the reader process does with its sink
+    assert hooks is not None
+    hook = hooks(STREAM, SHARD, lease.counter)
+    assert isinstance(hook, ShardTableLink)
+    return ShardConsumer(spec, lease, store, sink.deliver, shard, clock=clock, sleep=clock.sleep, io=InlineIo(clock),
+                         hook=hook)
 
 
-async def run_until(consumer: TableShardConsumer, cond: Any, timeout_s: float = 30.0) -> ConsumerState:
+async def run_until(consumer: ShardConsumer, cond: Any, timeout_s: float = 30.0) -> ConsumerState:
     task = asyncio.create_task(consumer.run())
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not (cond() or task.done()):
@@ -104,3 +107,28 @@ def test_a_new_owner_resumes_after_the_table_when_it_is_ahead_of_the_checkpoint(
     assert sink.sequence_numbers() == list(range(1, 51))  # what the table held was not read again
     row = store.get(STREAM, SHARD)
     assert row is not None and row.checkpoint == "50"
+
+
+def test_checkpoints_follow_the_commits_not_the_acknowledgements_and_a_close_commits_first(tmp_path: Path) -> None:
+    """Batches are acknowledged once staged, but with no commit yet nothing is checkpointed, not
+    even by the renewals that carry checkpoints; the close commits, then checkpoints what it committed."""
+    shard, store, sink = FakeShard(40), InProcessLeaseStore(), LocalTableSink(tmp_path / "t", commit_interval_s=3600.0)
+
+    async def scenario() -> tuple[str | None, ConsumerState]:
+        consumer = reader(shard, store, sink, "a", min_checkpoint_interval_s=None)  # checkpoints ride renewals
+        task = asyncio.create_task(consumer.run())
+        while consumer.stats["records"] < 40:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(2.5)  # two renew intervals: renewals carry any pending checkpoint
+        row = store.get(STREAM, SHARD)
+        assert row is not None
+        before = row.checkpoint
+        await consumer.stop(grace_s=10.0)
+        return before, await task
+
+    before, outcome = asyncio.run(scenario())
+    assert before is None  # 40 records acknowledged (staged), none committed: none checkpointed
+    assert outcome == ConsumerState.CLOSED
+    assert sink.sequence_numbers() == list(range(1, 41))  # the close committed them
+    row = store.get(STREAM, SHARD)
+    assert row is not None and row.checkpoint == "40" and row.owner is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,11 @@ def test_resume_after_the_table_only_when_it_is_ahead() -> None:
     assert resume_after(seq(5), None, TablePosition(4)) is None
 
 
+def _at(checkpoint: str | None) -> Any:
+    """A lease as the link reads it (its checkpoint only)."""
+    return types.SimpleNamespace(checkpoint=checkpoint, checkpoint_sub_sequence=None)
+
+
 def test_the_link_hands_out_committed_positions_only(tmp_path: Path) -> None:
     """The read loop's side: the checkpoint follows the table, never the acknowledgement."""
     committer = TableCommitter(make_backend("delta", tmp_path), commit_interval_s=3600.0)
@@ -171,15 +177,15 @@ def test_the_link_hands_out_committed_positions_only(tmp_path: Path) -> None:
 
     async def main() -> None:
         link = ShardTableLink(_Local(), STREAM, "shardId-0", 3)  # type: ignore[arg-type]
-        assert await link.open(None) is None
+        assert await link.open(_at(None)) is None
         await link.deliver(records("shardId-0", 0, 4))
         assert link.checkpointable() is None and not link.all_committed  # acknowledged, not committed
-        assert await link.finish() == (seq(3), None)
+        assert await link.finish(shard_end=True) == (seq(3), None)
         assert link.all_committed and link.checkpointable() is None  # handed out once
         await link.deliver(records("shardId-0", 4, 2))
         await link.release()  # not committed: dropped unwritten
         again = ShardTableLink(_Local(), STREAM, "shardId-0", 4)  # type: ignore[arg-type]
-        assert await again.open(seq(1)) == StartAt.after_sequence_number(seq(3), None)  # the table is ahead
+        assert await again.open(_at(seq(1))) == StartAt.after_sequence_number(seq(3), None)  # the table is ahead
         assert again.table_position == TablePosition(4, seq(3))
 
     asyncio.run(main())

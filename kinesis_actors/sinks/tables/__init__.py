@@ -6,7 +6,7 @@
 * :mod:`.rounds`: one commit round (read the positions, refuse fenced shards, commit).
 * :mod:`.committer`: :class:`TableCommitter`, the one committer of a subscription.
 * :mod:`.sink`: the sinks (handles over the committer's Ray actor).
-* :mod:`.link`: :class:`ShardTableLink`, what a read loop calls per shard lease.
+* :mod:`.link`: :class:`ShardTableLink`, the sink's hook in each shard lease's read loop.
 * :mod:`.checks`: the options ``subscribe`` refuses with a table sink.
 
 pyiceberg and deltalake are the ``tables`` extra (``pip install "kinesis-actors[tables]"``);
@@ -18,9 +18,9 @@ from __future__ import annotations
 from .backend import CommitConflict, CommitRecord, TableBackend
 from .checks import check_table_sink
 from .committer import TableCommitter
-from .link import ShardTableLink, is_table_sink
+from .link import ShardTableLink
 from .positions import ShardKey, TablePosition, resume_after
-from .sink import EXTRA_HINT, DeltaSink, IcebergSink, TableSink
+from .sink import EXTRA_HINT, DeltaSink, IcebergSink, TableSink, is_table_sink
 
 __all__ = ["IcebergSink", "DeltaSink", "TableSink", "TableCommitter", "ShardTableLink", "is_table_sink",
            "check_table_sink", "ShardKey", "TablePosition", "resume_after", "TableBackend", "CommitConflict",

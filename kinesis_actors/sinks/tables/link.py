@@ -1,23 +1,23 @@
-"""What a read loop calls, per shard lease, when its sink is a table sink: :class:`ShardTableLink`.
+"""A table sink's part in each shard lease's life: :class:`ShardTableLink`, its
+:class:`~kinesis_actors.sinks.hooks.ShardHook`.
 
-The calls and where they go in a read loop (one lease, counter ``c``)::
+What the read loop calls, for one lease taken with counter ``c``
+(:class:`~kinesis_actors.reader.ShardConsumer` at its state transitions)::
 
-    link = ShardTableLink(sink, stream, shard_id, lease.counter)
-    start = await link.open(lease.checkpoint, lease.checkpoint_sub_sequence)
-        # BEFORE the first GetShardIterator: fences the shard in the table (a commit of c);
-        # start is StartAt.after_sequence_number(table position) when the table is ahead of
-        # the lease-table checkpoint, else None (resume as usual). LeaseLostError: a newer
-        # owner fenced the shard: stop as LOST.
-    await link.deliver(batch)          # instead of the sink call; returning is the acknowledgement
-    point = link.checkpointable()      # at each checkpoint opportunity (a renewal, a pacer
-                                       # flush): the committed (sequence, sub-sequence) not yet
-                                       # checkpointed, or None. Checkpoint THIS, never the batch
-                                       # just acknowledged, nor a filtered batch's position.
-    point = await link.finish(timeout_s)   # close, handoff, SHARD_END: commit now, then checkpoint
-                                           # `point` (SHARD_END only if every batch was committed:
-                                           # link.all_committed)
-    await link.release()               # after the checkpoint, before releasing the lease (and on
-                                       # LOST or failure): rows not committed are dropped unwritten
+    link = sink.shard_hook(stream, shard_id, c)
+    start = await link.open(lease)     # INITIALIZING, BEFORE the first GetShardIterator:
+        # fences the shard in the table (a commit of c); start is
+        # StartAt.after_sequence_number(table position) when the table is ahead of the
+        # lease-table checkpoint, else None (resume as usual). LeaseLostError: a newer
+        # owner fenced the shard: the lease ends as LOST.
+    await link.deliver(batch)          # the sink call: stages the rows; returning is the acknowledgement
+    point = link.checkpointable(last)  # after each acknowledgement: the COMMITTED (sequence,
+        # sub-sequence) not yet checkpointed, or None; never the batch just staged.
+    point = await link.finish(shard_end=..., timeout_s=...)   # SHUTTING_DOWN (close, handoff,
+        # SHARD_END): commit now, then checkpoint `point`; at a shard end it raises SinkError
+        # until every staged batch is committed, so SHARD_END never passes a staged record.
+    await link.release()               # the loop ended (also after LOST or a failure): rows
+        # not committed are dropped unwritten
 
 The checkpoint so written never runs ahead of the table; the table may run ahead of it (a crash
 between a commit and the checkpoint), which :meth:`ShardTableLink.open` of the next owner reads.
@@ -27,25 +27,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...records import StartAt
+from ...errors import SinkError
+from ...leases.protocol import Lease
+from ...records import Record, StartAt
+from ..hooks import ShardHook
 from .positions import TablePosition, later, resume_after
-from .sink import TableSink
 
-__all__ = ["ShardTableLink", "is_table_sink", "link_for"]
+if TYPE_CHECKING:
+    from .sink import TableSink
+
+__all__ = ["ShardTableLink"]
 
 log = logging.getLogger("kinesis_actors.sinks.tables")
 
 Point = tuple[str, "int | None"]
 
 
-def is_table_sink(sink: object) -> bool:
-    """True for an IcebergSink or DeltaSink (anything driven per lease through :class:`ShardTableLink`)."""
-    return isinstance(sink, TableSink)
-
-
-class ShardTableLink:
+class ShardTableLink(ShardHook):
     """One shard lease's calls to its table sink (see the module docstring for where they go).
 
     Args:
@@ -65,14 +65,14 @@ class ShardTableLink:
         self._checkpointed: Point | None = None
         self._staged: Point | None = None  # last position staged
 
-    async def open(self, checkpoint: str | None, checkpoint_sub_sequence: int | None = None, *,
-                   timeout_s: float = 60.0) -> StartAt | None:
-        """Fence the shard in the table; where to resume if the table is ahead of ``checkpoint``.
+    async def open(self, lease: Lease, *, timeout_s: float = 60.0) -> StartAt | None:
+        """Fence the shard in the table; where to resume if the table is ahead of ``lease``'s checkpoint.
 
         Raises:
             LeaseLostError: the table holds a newer owner's counter for the shard.
             SinkError: the fence was not committed within ``timeout_s`` (retriable).
         """
+        checkpoint, checkpoint_sub_sequence = lease.checkpoint, lease.checkpoint_sub_sequence
         self.table_position = await self.sink.open_shard(self.stream, self.shard_id, self.lease_counter,
                                                          timeout_s=timeout_s)
         self._checkpointed = None if checkpoint is None else (checkpoint, checkpoint_sub_sequence)
@@ -94,9 +94,10 @@ class ShardTableLink:
         self._note(await self.sink.stage(batch, self.lease_counter))
         self._staged = (last.sequence_number, last.sub_sequence_number)
 
-    def checkpointable(self) -> Point | None:
+    def checkpointable(self, last: Record | None = None) -> Point | None:
         """The committed position not yet handed out for a checkpoint, or None; handing it out
-        marks it checkpointed (call it when about to write a checkpoint)."""
+        marks it checkpointed (call it when about to write a checkpoint). ``last``, the batch
+        just acknowledged (staged), is not checkpointable until a commit holds it."""
         committed = self._committed.point if self._committed is not None else None
         if committed is None or not later(committed, self._checkpointed):
             return None
@@ -109,13 +110,17 @@ class ShardTableLink:
         committed = self._committed.point if self._committed is not None else None
         return self._staged is None or not later(self._staged, committed)
 
-    async def finish(self, timeout_s: float = 10.0) -> Point | None:
+    async def finish(self, *, shard_end: bool = False, timeout_s: float = 10.0) -> Point | None:
         """Commit now and wait up to ``timeout_s``; returns :meth:`checkpointable` after it.
 
         Raises:
-            LeaseLostError: refused by the table (a newer owner).
+            LeaseLostError: refused by the table (a newer owner). SinkError: ``shard_end`` and
+            a staged record is not committed yet (retriable; nothing handed out).
         """
         self._note(await self.sink.flush_shard(self.stream, self.shard_id, self.lease_counter, timeout_s=timeout_s))
+        if shard_end and not self.all_committed:
+            raise SinkError(f"{self.stream}/{self.shard_id}: staged records not committed within {timeout_s:.1f} s",
+                            retriable=True)
         return self.checkpointable()
 
     async def release(self) -> None:
@@ -129,9 +134,3 @@ class ShardTableLink:
         if committed is not None and (self._committed is None or later(committed.point, self._committed.point)):
             self._committed = committed
 
-
-def link_for(deliver: Any, stream: str, shard_id: str, lease_counter: int) -> ShardTableLink | None:
-    """A :class:`ShardTableLink` when ``deliver`` is a table sink's ``deliver`` (the reader's
-    one sink call, bound to the sink), else None."""
-    sink = getattr(deliver, "__self__", None)
-    return ShardTableLink(sink, stream, shard_id, lease_counter) if isinstance(sink, TableSink) else None

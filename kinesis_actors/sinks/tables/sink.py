@@ -15,14 +15,17 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...clock import monotonic_s
 from ...errors import InvalidError, KinesisError, SinkError
 from .backend import TableBackend
 from .positions import ShardKey, TablePosition
 
-__all__ = ["TableSink", "IcebergSink", "DeltaSink", "EXTRA_HINT", "to_rows"]
+if TYPE_CHECKING:
+    from .link import ShardTableLink
+
+__all__ = ["TableSink", "IcebergSink", "DeltaSink", "EXTRA_HINT", "to_rows", "is_table_sink"]
 
 log = logging.getLogger("kinesis_actors.sinks.tables")
 
@@ -233,13 +236,20 @@ class TableSink:
         dropped: int = await self._committer().release_shard.remote(ShardKey(stream, shard_id), lease_counter)
         return dropped
 
+    def shard_hook(self, stream: str, shard_id: str, lease_counter: int) -> ShardTableLink:
+        """The :class:`~.link.ShardTableLink` of one lease (the reader's
+        :class:`~kinesis_actors.sinks.hooks.ShardHook`: fence, stage, commit, drop)."""
+        from .link import ShardTableLink
+
+        return ShardTableLink(self, stream, shard_id, lease_counter)
+
     def deliver(self, records: Sequence[Any]) -> Any:
         """Refused: a table sink needs the shard's lease counter with every batch (:meth:`stage`).
 
         Raises:
             SinkError: always (not retriable).
         """
-        raise SinkError(f"{self!r} is driven per lease (open_shard, stage, flush_shard, release_shard), "
+        raise SinkError(f"{self!r} is driven per lease through its shard_hook (fence, stage, commit, drop), "
                         "not by deliver(records)", retriable=False)
 
     # ------------------------------------------------------------------ owner's side
@@ -447,3 +457,8 @@ class DeltaSink(TableSink):
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.table_uri!r})"
+
+
+def is_table_sink(sink: object) -> bool:
+    """True for an IcebergSink or DeltaSink (driven per lease through :meth:`TableSink.shard_hook`)."""
+    return isinstance(sink, TableSink)
