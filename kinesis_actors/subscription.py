@@ -108,6 +108,11 @@ class Subscription:
     def __repr__(self) -> str:
         return f"Subscription({self.stream.name!r}, owner={self.owner_id!r}, {'closed' if self._closed else 'open'})"
 
+    @property
+    def sink(self) -> Any:
+        """What the readers push to (``subscribe``'s ``sink``: a Sink, a table sink), None in pull mode."""
+        return self._sink
+
     # ------------------------------------------------------------------ coordinator
     @property
     def coordinator_restarts(self) -> int:

@@ -198,3 +198,13 @@ def test_a_catalog_error_never_shows_a_password() -> None:
     with pytest.raises(InvalidError) as failed:
         sink.validate()
     assert "s3cret" not in str(failed.value) and "uri=postgresql+psycopg2://127.0.0.1:9/db" in str(failed.value)
+
+
+def test_seek_on_a_stream_written_to_a_table_is_refused(tmp_path: Path) -> None:
+    from kinesis_actors.seek import SeekHandle
+
+    sink = DeltaSink(str(tmp_path / "t"))
+    state = types.SimpleNamespace(require=lambda: None,
+                                  subscriptions={"orders": types.SimpleNamespace(sink=sink)})  # no _call: never reached
+    with pytest.raises(InvalidError, match="not supported yet"):
+        SeekHandle("orders", state).seek(StartAt.trim_horizon())  # type: ignore[arg-type]
