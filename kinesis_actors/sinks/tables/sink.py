@@ -359,6 +359,13 @@ class TableSink:
 class IcebergSink(TableSink):
     """Writes a stream into an Apache Iceberg table, every record exactly once.
 
+    Each commit's snapshot summary holds ``kinesis-actors.position.<stream>/<shard id>`` (JSON:
+    ``sequence_number``, ``sub_sequence_number``, ``lease_counter``) for every shard of the
+    subscription, and ``kinesis-actors.commit-id``. What comes from the catalog: the commit is
+    a compare-and-swap of the table's metadata location (the SQL catalog's conditional
+    ``UPDATE``, Glue's conditional ``UpdateTable``, a REST catalog's server), so a late commit
+    of a fenced owner is refused and none of its files becomes visible (:mod:`.iceberg`).
+
     Args:
         table: ``"namespace.name"``.
         catalog: the catalog's properties; every process that writes loads it as
@@ -419,10 +426,21 @@ class IcebergSink(TableSink):
 class DeltaSink(TableSink):
     """Writes a stream into a Delta Lake table, every record exactly once.
 
+    Each commit's ``commitInfo`` holds ``kinesis-actors.position.<stream>/<shard id>`` (as
+    :class:`IcebergSink`'s snapshots do) and ``kinesis-actors.commit-id``, and one application
+    transaction per shard (``appId = "kinesis-actors/<stream>/<shard id>"``, ``version`` = the
+    lease counter). What comes from the table format: a commit is the atomic creation of the next
+    ``_delta_log`` entry (create-if-absent on a local filesystem, a conditional PUT or the
+    configured locking provider on S3), and two commits of one ``appId`` conflict, so a fenced
+    owner's late commit is refused (:mod:`.delta`).
+
     Args:
         table_uri: the table's path or URI.
         storage_options: deltalake's storage options, or None.
-        commit_interval_s / transform / create_if_missing: as :class:`IcebergSink`.
+        commit_interval_s: seconds between commits (10.0; also at close, handoff, shard end).
+        transform: ``Callable[[pyarrow.Table], pyarrow.Table]`` mapping ``read_kinesis``'s columns
+            to the table's (cloudpickle-able), or None.
+        create_if_missing: create a missing table with the first batch's schema.
 
     Raises:
         InvalidError: deltalake is not installed (``pip install "kinesis-actors[tables]"``),
