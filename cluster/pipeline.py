@@ -47,11 +47,25 @@ checkpoints advance only after the window's files are written. ``--sink null`` o
 counts (for smoke tests).
 
 It stops on SIGTERM or SIGINT (``ray job stop``: set ``RAY_JOB_STOP_WAIT_TIME_S`` in
-the job's ``env_vars`` above Ray's default 3 s), after ``--max-records`` records were
-written, or after ``--duration-s``. Stopping closes the subscription (the readers
-checkpoint what was acknowledged and release their leases, so another instance takes
-the shards at once), flushes the sink and exits 0. It prints one JSON object per line:
-``started``, ``progress`` (every ``--progress-s``) and ``stopped`` with the totals.
+the job's ``env_vars`` above ``--close-timeout-s`` plus about 10 s; Ray's default is 3 s),
+after ``--max-records`` records were written, or after ``--duration-s``. The stop, in
+order:
+
+1. The subscription closes within ``--close-timeout-s`` (15 s): the sink writes its open
+   window at once (not at the end of ``--window-s``), the readers' batches in it are
+   acknowledged and checkpointed, and then the readers release their leases, so the next
+   instance, or this job submitted again, resumes after those records and writes none of
+   them twice. A window the sink could not write in time (its recent writes took longer
+   than the time left) is dropped unwritten instead: not checkpointed, it is read again,
+   once, by the next owner.
+2. The sink's actor stops; it writes nothing more.
+3. The connection shuts down and the job exits 0.
+
+So a stop loses nothing and writes nothing twice, unless a window's Parquet write that
+started in time runs past the deadline (its records are then written and read again:
+at-least-once). It prints one JSON object per line: ``started``, ``progress`` (every
+``--progress-s``) and ``stopped`` with the totals (``records_written``,
+``records_dropped``: dropped unwritten at the stop, read again by the next owner).
 """
 
 from __future__ import annotations
@@ -102,6 +116,7 @@ class Config:
     min_checkpoint_interval_s: float | None = None
     lease_poll_interval_s: float | None = None
     reader_num_cpus: float | None = None
+    close_timeout_s: float = 15.0
 
 
 _ENV = {"stream": "KA_STREAM", "lease_table": "KA_LEASE_TABLE", "sink": "KA_SINK", "endpoint": "KA_ENDPOINT",
@@ -112,7 +127,8 @@ _ENV = {"stream": "KA_STREAM", "lease_table": "KA_LEASE_TABLE", "sink": "KA_SINK
         "renew_interval_s": "KA_RENEW_INTERVAL_S", "fanout": "KA_FANOUT",
         "kcl_application": "KA_KCL_APPLICATION", "max_shards_per_reader": "KA_MAX_SHARDS_PER_READER",
         "min_checkpoint_interval_s": "KA_MIN_CHECKPOINT_INTERVAL_S",
-        "lease_poll_interval_s": "KA_LEASE_POLL_INTERVAL_S", "reader_num_cpus": "KA_READER_NUM_CPUS"}
+        "lease_poll_interval_s": "KA_LEASE_POLL_INTERVAL_S", "reader_num_cpus": "KA_READER_NUM_CPUS",
+        "close_timeout_s": "KA_CLOSE_TIMEOUT_S"}
 
 # The KinesisStream knobs the job passes on only when set (unset: the library's own default).
 _STREAM_KNOBS = ("max_shards_per_reader", "min_checkpoint_interval_s", "lease_poll_interval_s")
@@ -155,6 +171,8 @@ def parse_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None
     option("max_records", int, "stop after this many records were written (0: run until stopped)")
     option("duration_s", float, "stop after this many seconds (0: run until stopped)")
     option("progress_s", float, "seconds between progress lines")
+    option("close_timeout_s", float, "deadline of the subscription's close at a stop, seconds (keep "
+           "RAY_JOB_STOP_WAIT_TIME_S above it)")
     option("lease_duration_s", float, "lease duration, seconds")
     option("renew_interval_s", float, "lease renewal interval, seconds")
     option("fanout", str, "read with enhanced fan-out through this stream consumer name (SubscribeToShard)",
@@ -184,6 +202,8 @@ def parse_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None
         parser.error("give --lease-table or --kcl-application, not both")
     if args.kcl_application and args.create_lease_table:
         parser.error("--create-lease-table does not apply to --kcl-application (a KCL table must exist)")
+    if not args.close_timeout_s > 0:
+        parser.error(f"--close-timeout-s must be > 0, got {args.close_timeout_s!r}")
     if args.sink != "null" and not args.sink.startswith("parquet:"):
         parser.error(f"--sink must be parquet:<path> or null, got {args.sink!r}")
     return Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
@@ -222,7 +242,8 @@ def install_stop_signals(stop: threading.Event) -> None:
     ``ray.init`` installs its own SIGTERM handler in a driver, which would exit at once."""
 
     def on_signal(signum: int, frame: Any) -> None:
-        log.info("received %s: stopping (checkpoint, release the leases, flush the sink)", signal.Signals(signum).name)
+        log.info("received %s: stopping (write the open window, checkpoint, release the leases)",
+                 signal.Signals(signum).name)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -298,7 +319,7 @@ def run(cfg: Config, stop: threading.Event) -> int:
                 reason = "duration"
                 break
             if time.monotonic() >= next_progress:
-                next_progress += cfg.progress_s
+                next_progress = time.monotonic() + cfg.progress_s  # one line per interval, no catching up
                 stats = sub.stats()
                 emit("progress", records_written=written, leases_held=stats["leases_held"],
                      lag_ms={s: v.get("millis_behind_latest") for s, v in stats["shards"].items()})
@@ -307,9 +328,9 @@ def run(cfg: Config, stop: threading.Event) -> int:
         log.exception("pipeline failed")
     finally:
         totals: dict[str, Any] = {}
-        steps: list[tuple[str, Callable[[], Any]]] = [
-            ("close the subscription", lambda: sub.close() if sub is not None else None),
-            ("flush the sink", lambda: totals.update(sink.close() or {})),
+        steps: list[tuple[str, Callable[[], Any]]] = [  # the order of the stop (module docstring)
+            ("close the subscription", lambda: sub.close(timeout_s=cfg.close_timeout_s) if sub is not None else None),
+            ("stop the sink", lambda: totals.update(sink.close() or {})),
             ("shut down", conn.shutdown)]
         for step, action in steps:
             try:
@@ -318,7 +339,8 @@ def run(cfg: Config, stop: threading.Event) -> int:
                 log.error("could not %s: %r", step, e)
                 code = 1
         emit("stopped", reason=reason, records_written=totals.get("records_written", written),
-             windows=totals.get("windows_completed"), seconds=round(time.monotonic() - started, 1), exit_code=code)
+             records_dropped=totals.get("records_dropped"), windows=totals.get("windows_completed"),
+             seconds=round(time.monotonic() - started, 1), exit_code=code)
     return code
 
 

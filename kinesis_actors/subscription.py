@@ -20,6 +20,7 @@ from .config import KinesisStream, positive_duration
 from .errors import InvalidError, KinesisError
 from .leases.protocol import Lease, LeaseStore
 from .records import Record
+from .sinks.protocol import GatheringSink, gathering_sink
 from .supervision import RayCoordinatorRef, Supervisor
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ DEFAULT_CLOSE_TIMEOUT_S = 15.0
 (Kubernetes' default, ``ray job stop``), with room for the process to exit."""
 _CLOSE_ACK_TIMEOUT_S = 10.0  # at most this much of the deadline for the pull queue's last ack
 _CLOSE_GRACE_S = {True: 0.5, False: 5.0}  # pull mode (queue) / push mode: a batch in flight may finish
+_GATHER_MARGIN_S = 1.0  # a gathering sink's readers wait until this long before the deadline
+_RELEASE_AFTER_WRITE_S = 2.0  # kept after a gathering sink's last write: the checkpoint and release writes
 
 
 def _unwrap(e: BaseException) -> BaseException:
@@ -164,7 +167,8 @@ class Subscription:
         written); a ``[]`` acknowledges nothing.
 
         Raises:
-            The subscription's parked error (``SinkError``, ``StreamError``, ``LeaseStoreError``...).
+            KinesisError: the subscription's parked error (``SinkError``, ``StreamError``,
+                ``LeaseStoreError``...).
             InvalidError: in push mode, or after ``close()``.
         """
         import ray
@@ -297,6 +301,17 @@ class Subscription:
         unacknowledged batches: at-least-once). Returns within ``timeout_s`` plus about a
         second (the kills). Idempotent.
 
+        A sink that gathers batches (a :class:`~kinesis_actors.sinks.protocol.GatheringSink`,
+        such as ``DatasetSink``) is told first (``begin_close``): it writes what it holds at
+        once, so the readers' batches in flight are acknowledged and checkpointed before
+        their leases are released, and close() returns as soon as that is done instead of
+        waiting for the sink's window. The readers then wait for their batch until about a
+        second before the deadline. A batch the sink cannot write in time is dropped
+        unwritten (``end_close``, once the readers have stopped): never acknowledged, it is
+        read again, once, by the shards' next owner. The one way left to a record written
+        twice is a write the sink started in time that then runs past the deadline (it
+        cannot be taken back; its records are not checkpointed).
+
         Args:
             ack: pull mode: acknowledge the batch last returned first.
             timeout_s: the deadline of the whole close, seconds (default 15.0, under a 30 s
@@ -305,7 +320,7 @@ class Subscription:
         Raises:
             InvalidError: ``timeout_s`` is not a finite number > 0 (checked before anything
                 is stopped or sent).
-            The subscription's parked error, if any, after closing.
+            KinesisError: the subscription's parked error, if any, after closing.
         """
         timeout_s = positive_duration("timeout_s", timeout_s)
         deadline = monotonic_s() + timeout_s
@@ -314,15 +329,18 @@ class Subscription:
                 return
             self._closed = True
         coordinator = self._supervisor.stop()  # no restart from now on
+        gathering = gathering_sink(self._sink)
         try:
             if self._queue is not None and ack:
                 self._ack_at_close(min(_CLOSE_ACK_TIMEOUT_S, self._left(deadline)))
             self._park_error_at_close(min(_CLOSE_ACK_TIMEOUT_S, self._left(deadline)))
             if isinstance(coordinator, RayCoordinatorRef):
-                self._close_coordinator(coordinator, deadline, timeout_s)
+                self._close_coordinator(coordinator, deadline, timeout_s, gathering)
         finally:
             if coordinator is not None:
                 coordinator.kill()
+            if gathering is not None:  # the readers are stopped: what the sink did not write is dropped
+                self._end_sink_close(gathering)
             self._discard(self._queue)
         if self._error is not None:
             raise self._error
@@ -354,13 +372,20 @@ class Subscription:
         except (rex.RayError, TimeoutError) as e:
             log.info("%s: the Coordinator's parked error could not be read at close (%r)", self.stream.name, e)
 
-    def _close_coordinator(self, coordinator: RayCoordinatorRef, deadline: float, timeout_s: float) -> None:
-        """Ask the Coordinator to close within what is left of ``deadline``; wait no longer."""
+    def _close_coordinator(self, coordinator: RayCoordinatorRef, deadline: float, timeout_s: float,
+                           gathering: GatheringSink | None) -> None:
+        """Ask the Coordinator to close within what is left of ``deadline``; wait no longer.
+        A gathering sink is told first, and its readers' grace runs to shortly before the deadline."""
         import ray
         import ray.exceptions as rex
 
+        if gathering is not None:
+            wait_s = self._begin_sink_close(gathering, self._left(deadline) - _GATHER_MARGIN_S - _RELEASE_AFTER_WRITE_S)
+            grace = min(wait_s + _RELEASE_AFTER_WRITE_S, self._left(deadline) - _GATHER_MARGIN_S)
+        else:
+            grace = min(_CLOSE_GRACE_S[self._queue is not None], self._left(deadline) / 2)
         left = self._left(deadline)
-        grace = min(_CLOSE_GRACE_S[self._queue is not None], left / 2)
+        grace = max(0.0, grace)
         try:
             ray.get(_close_ref(coordinator.actor, grace, left), timeout=max(left, 0.001))
             return
@@ -371,6 +396,25 @@ class Subscription:
         log.warning("%s: closing the Coordinator %s; killing it and its readers: the leases of owner %s not "
                     "released yet are left to expire (within %.1f s) and their unacknowledged batches will be "
                     "delivered again", self.stream.name, what, self.owner_id, self._broker.lease_duration_s)
+
+    def _begin_sink_close(self, sink: GatheringSink, finish_by_s: float) -> float:
+        """Tell ``sink`` the close begins; how long its readers may wait for it, seconds."""
+        finish_by_s = max(0.0, finish_by_s)
+        try:
+            return min(finish_by_s, max(0.0, float(sink.begin_close(finish_by_s))))
+        except Exception as e:  # a sink that cannot be told keeps its own rules; the close goes on
+            log.warning("%s: telling the sink %r that the subscription closes failed (%r)", self.stream.name, sink, e)
+            return finish_by_s
+
+    def _end_sink_close(self, sink: GatheringSink) -> None:
+        try:
+            dropped = sink.end_close()
+        except Exception as e:
+            log.warning("%s: the sink %r did not drop its unwritten batches at close (%r)", self.stream.name, sink, e)
+            return
+        if dropped:
+            log.warning("%s: %d records the sink could not write before the close's deadline were dropped "
+                        "unwritten; the shards' next owner reads them again", self.stream.name, dropped)
 
     def abort(self) -> None:
         """Stop as if this process had crashed, for failover drills and tests: the

@@ -1,6 +1,7 @@
 """Sinks: where readers deliver batches (see :mod:`kinesis_actors.sinks.protocol`).
 
 * :class:`Sink`, :class:`ActorSink`, :func:`as_sink`: the protocol and a Ray actor as a sink.
+* :class:`GatheringSink`: a sink that writes batches in groups, and what a subscription's close asks of it.
 * :mod:`~kinesis_actors.sinks.pull`: pull mode's queue actor.
 * :class:`DatasetSink` (:mod:`~kinesis_actors.sinks.dataset`): windows handed to a function as a
   ``ray.data.Dataset``; imported on first use (it needs Ray Data).
@@ -8,9 +9,9 @@
 
 from __future__ import annotations
 
-from .protocol import ActorSink, Sink, as_sink
+from .protocol import ActorSink, GatheringSink, Sink, as_sink
 
-__all__ = ["Sink", "ActorSink", "as_sink", "DatasetSink"]
+__all__ = ["Sink", "GatheringSink", "ActorSink", "as_sink", "DatasetSink"]
 
 
 def __getattr__(name: str) -> object:

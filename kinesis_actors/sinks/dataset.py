@@ -12,6 +12,15 @@ A window closes when it is ``window_s`` old (counted from its first batch), or h
 ``window_records`` records or ``window_bytes`` bytes (Arrow size of its batches). Windows are
 handed to ``fn`` one at a time, in the order they closed.
 
+Closing (the :class:`~kinesis_actors.sinks.protocol.GatheringSink` rule): the
+subscription's close calls :meth:`DatasetSink.begin_close` before it stops the readers and
+:meth:`DatasetSink.end_close` after. In between, the open window is written at once (and
+each later batch as soon as ``fn`` is free), so the readers' batches in flight are
+acknowledged and checkpointed before their leases are released; a window that would not
+be written by the close's deadline is dropped unwritten and read again by the next owner.
+Nothing is written after its readers stopped waiting for it, except by a call of ``fn``
+already running when the deadline passed (it cannot be taken back).
+
 Throughput: a reader has one batch in flight, so a window holds at most one batch per
 shard (up to ``max_records`` records each) and a shard advances one batch per window.
 Choose ``window_s`` with that in mind (a few seconds suits files such as Parquet).
@@ -33,20 +42,18 @@ Example::
                        batch_format="pyarrow")
     with conn.subscribe(KinesisStream("orders"), sink=sink) as sub:
         sub.wait(600)
-    sink.close()
+    sink.close()  # after the subscription: its close wrote (and checkpointed) the last window
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..clock import monotonic_s
 from ..errors import InvalidError, KinesisError
+from .windows import DatasetSinkCore, as_table
 
 __all__ = ["DatasetSink", "DatasetSinkCore", "BATCH_FORMATS"]
 
@@ -54,164 +61,10 @@ log = logging.getLogger(__name__)
 
 BATCH_FORMATS = ("records", "pyarrow")
 
+_CALL_TIMEOUT_S = 10.0  # begin_close / end_close: the async actor answers at once unless it is gone
+
 _ACTOR_OPTION_KEYS = frozenset({"num_cpus", "memory", "resources", "scheduling_strategy", "runtime_env",
                                 "label_selector", "name", "namespace", "lifetime"})
-
-
-def _as_table(batch: Any) -> Any:
-    """A batch (a pyarrow Table or RecordBatch, a :class:`~kinesis_actors.batch.RecordBatch`,
-    or a sequence of Records) as a pyarrow Table."""
-    import pyarrow as pa
-
-    if isinstance(batch, pa.Table):
-        return batch
-    if isinstance(batch, pa.RecordBatch):
-        return pa.Table.from_batches([batch])
-    from ..arrow import records_to_table
-
-    return records_to_table(batch)
-
-
-@dataclasses.dataclass
-class _Window:
-    number: int
-    opened_at: float
-    tables: list[Any] = dataclasses.field(default_factory=list)
-    records: int = 0
-    bytes: int = 0
-    done: asyncio.Future[None] | None = None
-    timer: asyncio.TimerHandle | None = None
-
-
-class DatasetSinkCore:
-    """The windowing logic (plain asyncio; a unit test drives it without Ray).
-
-    Args:
-        fn: called with each window as a Dataset (in a worker thread); its return value is ignored.
-        window_s / window_records / window_bytes: when a window closes (see the module docstring).
-        to_dataset: turns a window's list of Arrow tables into what ``fn`` receives
-            (default ``ray.data.from_arrow``).
-        clock: monotonic seconds (injectable).
-    """
-
-    def __init__(self, fn: Callable[[Any], Any], *, window_s: float, window_records: int, window_bytes: int,
-                 to_dataset: Callable[[list[Any]], Any] | None = None,
-                 clock: Callable[[], float] = monotonic_s) -> None:
-        self.fn = fn
-        self.window_s = window_s
-        self.window_records = window_records
-        self.window_bytes = window_bytes
-        self._to_dataset = to_dataset or _from_arrow
-        self._clock = clock
-        self._open: _Window | None = None
-        self._closed: asyncio.Queue[_Window] | None = None
-        self._writer: asyncio.Task[None] | None = None
-        self._numbers = 0
-        self._busy: _Window | None = None
-        self.counters: dict[str, Any] = {"windows_completed": 0, "windows_failed": 0, "records_written": 0,
-                                         "bytes_written": 0, "batches_received": 0, "last_error": None,
-                                         "last_window_s": None}
-
-    # ------------------------------------------------------------------ readers' side
-    async def process_batch(self, batch: Any) -> None:
-        """Add one reader's batch to the open window; return when ``fn`` returned for it.
-
-        Raises:
-            The exception ``fn`` raised for the window (the reader retries its batch).
-        """
-        table = _as_table(batch)
-        if table.num_rows == 0:
-            return
-        self._ensure_writer()
-        window = self._open
-        if window is None:
-            loop = asyncio.get_running_loop()
-            self._numbers += 1
-            window = self._open = _Window(self._numbers, self._clock(), done=loop.create_future())
-            window.timer = loop.call_later(self.window_s, self._close_if_open, window)
-        window.tables.append(table)
-        window.records += table.num_rows
-        window.bytes += table.nbytes
-        self.counters["batches_received"] += 1
-        done = window.done
-        assert done is not None
-        if window.records >= self.window_records or window.bytes >= self.window_bytes:
-            self._close_if_open(window)
-        await asyncio.shield(done)
-
-    def _close_if_open(self, window: _Window) -> None:
-        if self._open is window:
-            self._open = None
-            if window.timer is not None:
-                window.timer.cancel()
-            assert self._closed is not None
-            self._closed.put_nowait(window)
-
-    def _ensure_writer(self) -> None:
-        if self._closed is None:
-            self._closed = asyncio.Queue()
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name="dataset-sink-writer")
-
-    async def _write_loop(self) -> None:
-        assert self._closed is not None
-        while True:
-            window = await self._closed.get()
-            self._busy = window
-            started = self._clock()
-            try:
-                await asyncio.to_thread(self._run_fn, window.tables)
-            except Exception as e:
-                self.counters["windows_failed"] += 1
-                self.counters["last_error"] = repr(e)[:500]
-                log.warning("dataset sink: fn failed on window %d (%d records): %r; its batches will be retried",
-                            window.number, window.records, e)
-                if window.done is not None and not window.done.done():
-                    window.done.set_exception(e)
-                    window.done.exception()  # retrieved: no "never retrieved" warning if no reader waits
-            else:
-                self.counters["windows_completed"] += 1
-                self.counters["records_written"] += window.records
-                self.counters["bytes_written"] += window.bytes
-                if window.done is not None and not window.done.done():
-                    window.done.set_result(None)
-            finally:
-                self.counters["last_window_s"] = round(self._clock() - started, 3)
-                self._busy = None
-                window.tables = []
-
-    def _run_fn(self, tables: list[Any]) -> None:
-        self.fn(self._to_dataset(tables))
-
-    # ------------------------------------------------------------------ owner's side
-    async def flush(self, timeout_s: float | None = None) -> bool:
-        """Close the open window now and wait until every closed window was handed to ``fn``.
-
-        Returns:
-            True when everything was flushed within ``timeout_s``.
-        """
-        deadline = None if timeout_s is None else self._clock() + timeout_s
-        window = self._open
-        if window is not None:
-            self._close_if_open(window)
-        while (self._closed is not None and not self._closed.empty()) or self._busy is not None:
-            if deadline is not None and self._clock() > deadline:
-                return False
-            await asyncio.sleep(0.02)
-        return True
-
-    def stats(self) -> dict[str, Any]:
-        """Counters plus the open window's size and the windows waiting for ``fn``."""
-        window = self._open
-        waiting = self._closed.qsize() if self._closed is not None else 0
-        return {**self.counters, "open_window_records": window.records if window else 0,
-                "windows_waiting": waiting + (1 if self._busy is not None else 0)}
-
-
-def _from_arrow(tables: list[Any]) -> Any:
-    import ray.data
-
-    return ray.data.from_arrow(tables)
 
 
 def _make_actor_class() -> Any:
@@ -236,6 +89,12 @@ def _make_actor_class() -> Any:
         async def flush(self, timeout_s: float | None = None) -> bool:
             return await self.core.flush(timeout_s)
 
+        async def begin_close(self, finish_by_s: float) -> float:
+            return self.core.begin_close(finish_by_s)
+
+        async def end_close(self) -> int:
+            return self.core.end_close()
+
         async def stats(self) -> dict[str, Any]:
             return self.core.stats()
 
@@ -250,8 +109,19 @@ class DatasetSink:
     """A push-mode sink (``subscribe(..., sink=DatasetSink(fn))``) that hands windows of
     records to ``fn`` as a ``ray.data.Dataset`` (columns of :func:`~kinesis_actors.read_kinesis`).
 
-    The handle owns its actor: :meth:`close` flushes the open window and stops it.
-    Close the subscription first (its readers stop sending), then the sink.
+    It is a :class:`~kinesis_actors.sinks.protocol.GatheringSink`: when its subscription
+    closes (``sub.close()``, leaving its ``with`` block, ``shutdown()``, SIGTERM in
+    ``cluster/pipeline.py``), the open window is written at once, its batches acknowledged
+    and checkpointed, and only then are the leases released, so the next owner resumes
+    after them and nothing is written twice. A window that would not be written by the
+    close's deadline (judged by its last few ``fn`` calls) is dropped unwritten: its
+    records are read again, once, by the next owner. A window ``fn`` is still writing when
+    the deadline passes cannot be taken back: it is written, not checkpointed, and read
+    again (at-least-once, as after a crash).
+
+    The handle owns its actor: :meth:`close` stops it. Close the subscription first, then
+    the sink: :meth:`close` writes nothing more (a window still gathering is dropped, its
+    batches never acknowledged).
 
     Args:
         fn: ``fn(ds)`` for each window, e.g. ``lambda ds: ds.write_parquet(path)``. It runs
@@ -307,7 +177,7 @@ class DatasetSink:
         the open window; the returned ``ObjectRef`` completes once ``fn`` returned for that
         window (the acknowledgement). With ``batch_format="pyarrow"`` the batch becomes one
         ``pyarrow.Table`` here, in the reader's process, before it crosses to the actor."""
-        batch = _as_table(records) if self.batch_format == "pyarrow" else records
+        batch = as_table(records) if self.batch_format == "pyarrow" else records
         return self._actor.process_batch.remote(batch)
 
     @property
@@ -323,17 +193,57 @@ class DatasetSink:
 
     def stats(self) -> dict[str, Any]:
         """``windows_completed``, ``windows_failed``, ``records_written``, ``bytes_written``,
-        ``batches_received``, ``last_error``, ``open_window_records``, ``windows_waiting``."""
+        ``batches_received``, ``last_error``, ``last_window_s`` (the last ``fn`` call, seconds),
+        ``windows_dropped`` and ``records_dropped`` (dropped unwritten at a close),
+        ``open_window_records``, ``windows_waiting``."""
         import ray
 
         stats: dict[str, Any] = ray.get(self._actor.stats.remote(), timeout=30)
         return stats
 
+    def begin_close(self, finish_by_s: float) -> float:
+        """:meth:`GatheringSink.begin_close <kinesis_actors.sinks.protocol.GatheringSink.begin_close>`:
+        the open window is handed to ``fn`` now, later batches as soon as ``fn`` is free;
+        no window starts unless ``fn`` (judged by the longest of its last few calls) would
+        return within ``finish_by_s`` seconds. Returns once the actor has applied it (at
+        most 10 s): how long the readers may have to wait for an acknowledgement, seconds
+        (0.0 when nothing more will be written).
+
+        Raises:
+            KinesisError: the actor did not answer (dead, or not within 10 s).
+        """
+        return float(self._call("begin_close", float(finish_by_s)))
+
+    def end_close(self) -> int:
+        """:meth:`GatheringSink.end_close <kinesis_actors.sinks.protocol.GatheringSink.end_close>`:
+        every window not handed to ``fn`` yet is dropped unwritten (its callers get
+        ``SinkError``, never an acknowledgement). Returns the records dropped.
+
+        Raises:
+            KinesisError: the actor did not answer (dead, or not within 10 s).
+        """
+        return int(self._call("end_close"))
+
+    def _call(self, method: str, *args: Any) -> Any:
+        import ray
+
+        try:
+            return ray.get(getattr(self._actor, method).remote(*args), timeout=_CALL_TIMEOUT_S)
+        except Exception as e:  # Ray's errors: the actor died, or did not answer in time
+            raise KinesisError(f"dataset sink: {method} failed: {e!r:.300}", retriable=True) from e
+
     def close(self, timeout_s: float = 60.0) -> dict[str, Any]:
-        """Flush (``fn`` runs for what is open), then stop the actor. Idempotent.
+        """Stop the actor, writing nothing more: a window not handed to ``fn`` yet is
+        dropped unwritten (its batches never acknowledged, so their records are read again
+        by whoever reads the shards next); a window ``fn`` is writing is waited for, up to
+        ``timeout_s`` seconds. Close the subscription first: its close writes (and
+        checkpoints) or drops what the sink holds. Idempotent.
 
         Returns:
             The final :meth:`stats` (also kept as ``final_stats``).
+
+        Raises:
+            KinesisError: the actor failed or did not answer (it is stopped all the same).
         """
         import ray
 
@@ -341,11 +251,12 @@ class DatasetSink:
             return self.final_stats
         self._closed = True
         try:
-            if not ray.get(self._actor.flush.remote(timeout_s), timeout=timeout_s + 30):
-                log.warning("dataset sink: windows still pending after %.0f s; stopping anyway", timeout_s)
+            self.end_close()
+            if not ray.get(self._actor.flush.remote(timeout_s), timeout=timeout_s + 30):  # only the running write
+                log.warning("dataset sink: fn still running after %.0f s; stopping anyway", timeout_s)
             self.final_stats = ray.get(self._actor.stats.remote(), timeout=30)
         except Exception as e:
-            raise KinesisError(f"dataset sink: flushing at close failed: {e!r:.300}") from e
+            raise KinesisError(f"dataset sink: closing failed: {e!r:.300}") from e
         finally:
             try:
                 ray.kill(self._actor, no_restart=True)

@@ -7,18 +7,25 @@ processes, so they are picklable values: a Ray actor handle and a method name
 (:class:`ActorSink`), the pull queue of a subscription in pull mode, or a
 :class:`~kinesis_actors.sinks.dataset.DatasetSink`. The shape is Quix Streams' ``Sink``
 (one write call, failure by exception), over Ray's object refs.
+
+A sink that gathers batches and acknowledges them only once it has written a group of them
+(a window, a table commit) also implements :class:`GatheringSink`: the subscription's
+``close`` calls it so that what the sink holds is written, acknowledged and checkpointed
+before the leases are released, or dropped unwritten, never written after the readers
+gave up on it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import InvalidError
 from ..records import Record
 
-__all__ = ["Sink", "ActorSink", "as_sink"]
+__all__ = ["Sink", "GatheringSink", "ActorSink", "as_sink", "gathering_sink"]
 
 
 @runtime_checkable
@@ -28,6 +35,56 @@ class Sink(Protocol):
     def deliver(self, records: Sequence[Record]) -> Awaitable[Any]:
         """Start delivering ``records``; the awaitable completing without an exception is the
         acknowledgement (its value is ignored), raising is a failed delivery."""
+        ...
+
+
+@runtime_checkable
+class GatheringSink(Sink, Protocol):
+    """A :class:`Sink` that holds batches before writing them as a group (a window, a commit).
+
+    Such a sink answers a reader's ``deliver`` only when the group holding the batch is
+    written, so at a close the readers' batches in flight wait for it. The rule it keeps
+    with :meth:`Subscription.close <kinesis_actors.subscription.Subscription.close>`: every
+    batch it holds is either written, acknowledged and checkpointed before the leases are
+    released, or dropped unwritten (never acknowledged: the next owner of the shard reads it
+    again, once). It never acknowledges a batch it did not write, and it starts no write it
+    does not expect to finish while the readers still wait, so nothing it writes is read
+    again by a later owner. A write cannot be taken back once started: one that runs past
+    the close deadline (far past what the sink expected) ends with its records written but
+    not checkpointed, and the next owner reads them again (at-least-once, as after a
+    crash). The close calls, in this order:
+
+    1. :meth:`begin_close` before the readers are stopped;
+    2. the Coordinator's close: each reader stops asking for new batches, waits up to its
+       grace (what :meth:`begin_close` returned plus the time for a checkpoint and a
+       release) for the batch in flight, checkpoints what was acknowledged and releases
+       its lease;
+    3. :meth:`end_close` once the readers are stopped (or killed at the close deadline).
+
+    The calls are blocking, on the caller's thread, and may raise ``KinesisError`` (the
+    close logs it and goes on: a sink that cannot be told keeps its own rules).
+    """
+
+    def begin_close(self, finish_by_s: float) -> float:
+        """The subscription is closing: write what is held now, without waiting for the
+        group to fill, and go on writing each batch that arrives as soon as possible.
+        Start no write that is not expected to finish within ``finish_by_s`` seconds from
+        now (the readers wait no longer); a group not started by then is dropped unwritten
+        and its batches are never acknowledged.
+
+        Returns:
+            How long, at most, the readers need to wait for an acknowledgement, seconds
+            (``<= finish_by_s``): 0.0 when nothing more will be written, so the readers
+            stop at once. The readers' grace is this plus the time for their checkpoint
+            and release.
+        """
+        ...
+
+    def end_close(self) -> int:
+        """The readers have stopped: drop every batch not written yet (its ``deliver``
+        fails with ``SinkError``, never acknowledges) and return the number of records
+        dropped. A write already running cannot be taken back: it finishes. The sink then
+        gathers as before (it may serve another subscription)."""
         ...
 
 
@@ -86,3 +143,13 @@ def as_sink(target: Any, method: str = "process_batch") -> Sink:
         return target
     raise InvalidError(f"sink must be a Ray actor handle (with a {method!r} method) or have deliver(records); "
                        f"got {target!r}")
+
+
+def gathering_sink(target: Any) -> GatheringSink | None:
+    """``target`` (what was given as ``sink=``) when it is a :class:`GatheringSink` object,
+    else None: a Ray actor handle (an :class:`ActorSink`, whose call is the whole delivery),
+    pull mode's ``None`` and a plain :class:`Sink` have no window to settle at a close."""
+    actor_module = sys.modules.get("ray.actor")  # not imported: ``target`` cannot be an actor handle
+    if target is None or (actor_module is not None and isinstance(target, actor_module.ActorHandle)):
+        return None
+    return target if isinstance(target, GatheringSink) else None

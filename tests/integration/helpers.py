@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -79,3 +81,86 @@ def drain(sub: Any, expected: int, *, timeout_s: float = 30.0) -> list[Any]:
         got.extend(batch)
         seen.update(r.data for r in batch)
     return got
+
+
+class KeyedPublisher:
+    """Publishes to a stream with ``PutRecords`` and remembers every record's (shard id,
+    sequence number) as Kinesis answered: :meth:`backlog` at once, :meth:`start` a thread
+    that keeps ``per_tick`` records arriving every ``interval_s`` until :meth:`stop`."""
+
+    def __init__(self, endpoint: str, stream: str, *, per_tick: int = 5, interval_s: float = 0.1) -> None:
+        self._client = kinesis_client(endpoint)
+        self._stream = stream
+        self._per_tick = per_tick
+        self._interval_s = interval_s
+        self._n = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.keys: set[tuple[str, int]] = set()
+        self.error: BaseException | None = None
+
+    def put(self, n: int) -> None:
+        for start in range(0, n, 500):
+            with self._lock:
+                first, self._n = self._n, self._n + min(500, n - start)
+            entries = [{"Data": f"rec-{i}".encode(), "PartitionKey": f"k{i}"} for i in range(first, self._n)]
+            answer = self._client.put_records(StreamName=self._stream, Records=entries)
+            assert answer["FailedRecordCount"] == 0, answer
+            with self._lock:
+                self.keys.update((r["ShardId"], int(r["SequenceNumber"])) for r in answer["Records"])
+
+    def backlog(self, n: int) -> KeyedPublisher:
+        self.put(n)
+        return self
+
+    def start(self) -> KeyedPublisher:
+        def run() -> None:
+            try:
+                while not self._stop.wait(self._interval_s):
+                    self.put(self._per_tick)
+            except BaseException as e:  # noted, and raised by stop()
+                self.error = e
+
+        self._thread = threading.Thread(target=run, name="keyed-publisher", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> set[tuple[str, int]]:
+        """Stop the thread; every key published. Raises what the thread hit."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self.error is not None:
+            raise self.error
+        with self._lock:
+            return set(self.keys)
+
+
+def parquet_keys(path: Any) -> list[tuple[str, int]]:
+    """(shard id, sequence number) of every row of every complete Parquet file under ``path``
+    (a file still being written, without its footer yet, is skipped)."""
+    import pathlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    keys: list[tuple[str, int]] = []
+    folder = pathlib.Path(path)
+    for f in sorted(folder.glob("*.parquet")) if folder.exists() else []:
+        try:
+            t = pq.read_table(f, columns=["shard_id", "sequence_number"])
+        except (pa.ArrowInvalid, OSError):
+            continue
+        keys += [(sid, int(seq)) for sid, seq in zip(t.column("shard_id").to_pylist(),
+                                                      t.column("sequence_number").to_pylist())]
+    return keys
+
+
+def exactly_once(published: set[tuple[str, int]], written: list[tuple[str, int]]) -> dict[str, Any]:
+    """How ``written`` compares with ``published``: duplicates (a key written more than once,
+    counted beyond its first), lost (published, never written), unknown (written, never published)."""
+    counts = collections.Counter(written)
+    return {"published": len(published), "written": len(written),
+            "duplicates": sum(c - 1 for c in counts.values() if c > 1),
+            "lost": len(published - set(counts)), "unknown": len(set(counts) - published)}

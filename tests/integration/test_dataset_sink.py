@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kinesis_actors import KinesisBroker, KinesisStream, StartAt
+from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream, StartAt
 from kinesis_actors.sinks.dataset import DatasetSink
 
-from .helpers import create_stream, wait_until
+from .helpers import KeyedPublisher, create_stream, exactly_once, parquet_keys, wait_until
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -149,3 +149,48 @@ def test_a_failing_fn_is_retried_and_nothing_is_checkpointed_meanwhile(conn: Kin
         assert sink.stats()["windows_failed"] == 2
     finally:
         sink.close()
+
+
+def test_close_writes_the_open_window_once_and_the_next_owner_resumes_after_it(
+        endpoint: str, unique: str, tmp_path: pathlib.Path) -> None:
+    """A window longer than the readers' grace at close (5 s): close() writes it at once,
+    acknowledged and checkpointed before the release; a new subscription on the same
+    durable lease table writes every record exactly once, by (shard id, sequence number)."""
+    stream, table, out = f"dsink-close-{unique}", f"dsink-close-leases-{unique}", tmp_path / "out"
+    create_stream(endpoint, stream, 2)
+    publisher = KeyedPublisher(endpoint, stream, per_tick=4, interval_s=0.1).backlog(300).start()
+
+    def connect() -> KinesisBroker:
+        return KinesisBroker(endpoint=endpoint, region="us-east-1", test_credentials=True, owner_id=f"o-{unique}",
+                             lease_store=DynamoLeaseStore(table, create_if_missing=True), **FAST).connect()
+
+    first = connect()
+    try:
+        sink = DatasetSink(parquet_writer(out), window_s=8.0)
+        sub = first.subscribe(KinesisStream(stream, **POLL), sink=sink)
+        wait_until(lambda: sink.stats()["windows_completed"] >= 1, timeout_s=60, what="the first window written")
+        wait_until(lambda: sink.stats()["open_window_records"] > 0, timeout_s=20, what="batches in the next window")
+        sub.close()
+        stats = sink.close()
+        rows = first.lease_store.list(stream)  # type: ignore[union-attr]
+    finally:
+        first.shutdown()
+    newest: dict[str, int] = {}
+    for sid, seq in parquet_keys(out):
+        newest[sid] = max(newest.get(sid, 0), seq)
+    # the rule: what was written is checkpointed (nothing for the next owner to read again) and released
+    assert {r.shard_id: int(r.checkpoint) for r in rows if r.checkpoint} == newest, (rows, newest, stats)
+    assert all(r.owner is None for r in rows), rows
+    assert stats["records_written"] + stats["records_dropped"] >= 300
+
+    second = connect()
+    try:
+        sink = DatasetSink(parquet_writer(out), window_s=0.5)
+        with second.subscribe(KinesisStream(stream, **POLL), sink=sink):
+            published = publisher.stop()
+            wait_until(lambda: set(parquet_keys(out)) >= published, timeout_s=60, what="every record written")
+        sink.close()
+    finally:
+        second.shutdown()
+    result = exactly_once(published, parquet_keys(out))
+    assert result["duplicates"] == 0 and result["lost"] == 0 and result["unknown"] == 0, result
