@@ -35,7 +35,7 @@ def make_broker(kinesalite: str, emulator: Any) -> Iterator[Callable[..., Kinesi
     def make(**kwargs: Any) -> KinesisBroker:
         store = kwargs.get("lease_store")
         if isinstance(store, DynamoLeaseStore) and store.endpoint is None:
-            kwargs["lease_store"] = DynamoLeaseStore(store.table, create_if_missing=store._create_if_missing,
+            kwargs["lease_store"] = DynamoLeaseStore(store.table, create_if_missing=store.dynamo.create_if_missing,
                                                      endpoint=emulator.endpoint, region="us-east-1",
                                                      test_credentials=True)
         options = {"endpoint": kinesalite, "region": "us-east-1", "test_credentials": True, **consume.FAST, **kwargs}
