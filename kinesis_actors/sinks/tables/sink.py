@@ -286,9 +286,10 @@ class TableSink:
         its checkpoint and release) is quick.
 
         Returns:
-            How long the readers may need for their last commit, seconds: twice what this
-            commit took, at least 1 s, at most what is left of ``finish_by_s``; 0.0 when the
-            committer is not running.
+            How long the readers may need for their last commit, seconds: three times what
+            this commit took, at least 5 s (a commit's time varies with the catalog's load),
+            at most what is left of ``finish_by_s``; 0.0 when the committer is not running.
+            The readers stop as soon as their commits are done: this bounds the wait only.
 
         Raises:
             KinesisError: the committer could not be reached.
@@ -304,7 +305,7 @@ class TableSink:
         except Exception as e:
             raise KinesisError(f"{self!r}: the committer could not be told of the close: {e!r:.300}") from e
         left = max(0.0, finish_by_s - (monotonic_s() - started))
-        return min(left, max(1.0, 2 * took))
+        return min(left, max(5.0, 3 * took))
 
     def end_close(self) -> int:
         """The readers have stopped: drop the rows still staged unwritten (their readers were
