@@ -87,7 +87,7 @@ def _launcher(stream: KinesisStream, aws: AwsSettings, store: LeaseStore, lease_
     def launch(_: int) -> ReaderHandle:
         return RayReaderHandle(ShardReader.options(**options).remote(
             store, target, aws, call_timeout_s, stream.max_buffered_bytes,
-            stream_threads=stream.max_shards_per_reader))
+            stream_threads=stream.max_shards_per_reader, load_window_s=stream.load_window_s))
 
     return launch
 

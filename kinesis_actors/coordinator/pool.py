@@ -55,7 +55,8 @@ TRANSITIONS: Mapping[ReaderState, frozenset[ReaderState]] = {
 class PooledReader:
     """One reader of the pool: its id, its handle (None until launched), its state.
 
-    ``gone`` is set when the state becomes GONE, so opens waiting on it give up at once.
+    ``gone`` is set when the state becomes GONE, so opens waiting on it give up at once;
+    ``figures`` are the reader's last answered figures (``cpu``, ``pid``, ``node_id``...).
     """
 
     id: int
@@ -63,6 +64,7 @@ class PooledReader:
     state: ReaderState = ReaderState.STARTING
     watch: asyncio.Task[None] | None = None
     gone: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    figures: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def move(self, to: ReaderState) -> None:
         """Change state along :data:`TRANSITIONS`. Raises AssertionError on any other move."""
