@@ -13,6 +13,7 @@ from ..aws import AwsSettings, LazyClient
 from ..config import KinesisStream
 from ..errors import ray_call_errors
 from ..leases.protocol import Lease, LeaseStore
+from ..load.autoscale import ReaderDemand, reader_bundle
 from ..reader import ReaderSpec, ShardEvent
 from ..records import StartAt
 from ..sinks import Sink
@@ -114,10 +115,12 @@ def make_coordinator_actor() -> Any:
 
             launch = _launcher(stream, aws, store, lease_duration_s, sink, pull_queue)
             on_fatal = (lambda err: pull_queue.fail.remote(err)) if pull_queue is not None else None
+            bundle = reader_bundle(stream.actor_options())  # readers needing resources: ask the autoscaler
             self.core = CoordinatorCore(stream, aws=aws, store=store, owner_id=owner_id,
                                         lease_duration_s=lease_duration_s, renew_interval_s=renew_interval_s,
                                         launcher=launch, kinesis=LazyClient(lambda: aws.client("kinesis")),
-                                        on_fatal=on_fatal)  # the client is built after the readers launched
+                                        on_fatal=on_fatal,  # the client is built after the readers launched
+                                        reader_demand=ReaderDemand(bundle) if bundle else None)
 
         async def start(self, timeout_s: float = 120.0) -> None:
             await self.core.start(timeout_s)

@@ -88,6 +88,8 @@ class CoordinatorCore:
             forced, seconds (default 2 x ``lease_duration_s``).
         reader_start_timeout_s: how long a new reader may take to answer, seconds.
         clock: monotonic clock, seconds; sleep: the matching sleep (every timer uses them).
+        reader_demand: a :class:`~kinesis_actors.load.autoscale.ReaderDemand` asking Ray's
+            autoscaler for nodes that can hold readers (None: never).
 
     Attributes:
         leases / pool / placements / handoffs / presence: the parts (:class:`LeasePoll`,
@@ -100,7 +102,8 @@ class CoordinatorCore:
                  lease_duration_s: float, renew_interval_s: float, launcher: Launcher, kinesis: Any,
                  on_fatal: Callable[[BaseException], Any] | None = None, call_timeout_s: float = 30.0,
                  handoff_timeout_s: float | None = None, reader_start_timeout_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic, sleep: Sleep = asyncio.sleep) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Sleep = asyncio.sleep,
+                 reader_demand: Any = None) -> None:
         self.stream, self.aws, self.store, self.owner_id = stream, aws, store, owner_id
         self.lease_duration_s, self.renew_interval_s = lease_duration_s, renew_interval_s
         self.max_shards_per_reader = stream.max_shards_per_reader
@@ -116,7 +119,7 @@ class CoordinatorCore:
                                on_gone=self._reader_gone, on_ready=lambda: self.placements.update(),
                                tasks=self._tasks, counters=self.counters, clock=clock, sleep=sleep,
                                call_timeout_s=call_timeout_s, start_timeout_s=reader_start_timeout_s,
-                               retry_s=min(1.0, renew_interval_s))
+                               retry_s=min(1.0, renew_interval_s), demand=reader_demand)
         self.placements = Placements(pool=self.pool, take=self.leases.take, io=self._io, store=store,
                                      stream=stream.name, owner_id=owner_id, spec=self._spec,
                                      on_finished=self.leases.finished.add, tasks=self._tasks,

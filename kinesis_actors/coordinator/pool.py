@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ..backoff import Backoff
+from ..load.autoscale import ReaderDemand
 from ..reader import ShardEvent
 from ..reader.timers import wait_event, wait_first
 from .handles import Launcher, ReaderGone, ReaderHandle, ReaderUnreachable
@@ -109,6 +110,8 @@ class ReaderPool:
         call_timeout_s: the timeout of each reader call, seconds.
         start_timeout_s: how long a new reader may take to answer, seconds.
         retry_s: the pause after a failed ``events`` call, seconds.
+        demand: asks Ray's autoscaler for nodes when no node can hold a reader (None: never);
+            a reader is started only once it admits it, so no pending actor waits for a node.
     """
 
     def __init__(self, *, launch: Launcher, max_shards_per_reader: int, load: Callable[[int], int],
@@ -116,8 +119,9 @@ class ReaderPool:
                  on_gone: Callable[[PooledReader, BaseException], Awaitable[None]],
                  on_ready: Callable[[], None], tasks: TaskSet, counters: dict[str, int],
                  clock: Callable[[], float], sleep: Sleep, call_timeout_s: float, start_timeout_s: float,
-                 retry_s: float) -> None:
+                 retry_s: float, demand: ReaderDemand | None = None) -> None:
         self._launch = launch
+        self.demand = demand
         self.cap = max_shards_per_reader
         self._load = load
         self._on_event, self._on_gone, self._on_ready = on_event, on_gone, on_ready
@@ -172,7 +176,10 @@ class ReaderPool:
         """Start readers in parallel until the pool has :func:`pool_size` of ``leases``."""
         if self.closing or self._clock() < self._backoff_until:
             return
-        for _ in range(max(0, pool_size(leases, self.cap) - len(self.readers))):
+        want = pool_size(leases, self.cap)
+        if want > len(self.readers) and self.demand is not None and not self.demand.admit(want):
+            return  # no node can hold a reader: asked of the autoscaler, started at a later upkeep
+        for _ in range(max(0, want - len(self.readers))):
             reader = PooledReader(next(self._ids))
             self.readers[reader.id] = reader
             self._tasks.spawn(self._start(reader), f"reader-{reader.id}")
@@ -186,6 +193,8 @@ class ReaderPool:
         if reader.handle is not None:
             reader.handle.kill()
         self.readers.pop(reader.id, None)
+        if self.demand is not None:
+            self.demand.follow(len(self.readers))  # the autoscaler's request shrinks as readers go
 
     async def _start(self, reader: PooledReader) -> None:
         """Launch ``reader`` and wait until it answers; on failure drop it and back off.
