@@ -32,6 +32,7 @@ from ..records import StartAt
 from .closing import close_parts
 from .handles import Launcher, ReaderHandle
 from .handoffs import Handoffs
+from .loads import LoadMoves
 from .placements import HeldState, Placements
 from .poll import LeasePoll, PollOutcome, Taken
 from .pool import PooledReader, ReaderPool
@@ -130,6 +131,8 @@ class CoordinatorCore:
                                  tasks=self._tasks, counters=self.counters, call_timeout_s=call_timeout_s)
         self.presence = Presence(store=store, io=self._io, stream=stream.name, owner_id=owner_id,
                                  duration_s=lease_duration_s, counters=self.counters)
+        self.loads = LoadMoves(stream=stream, pool=self.pool, placements=self.placements, tasks=self._tasks,
+                               counters=self.counters, clock=clock, grace_s=5.0)
         self._error: BaseException | None = None
         self._closing = False
         self._started = False  # the first pass finished: the tick runs every part
@@ -260,6 +263,7 @@ class CoordinatorCore:
         finally:
             self.pool.update(len(self.placements.held))
             self.placements.update()
+            self.loads.update()  # placement by load: figures, plan, moves (in the background)
 
     async def close(self, *, release: bool = True, grace_s: float = 5.0, timeout_s: float = 15.0) -> None:
         """Stop the tick and every reader within ``timeout_s``; with ``release`` the leases

@@ -228,6 +228,30 @@ class Placements:
                 return None
         return None
 
+    async def move(self, shard_id: str, source_id: int, target_id: int, *, grace_s: float) -> bool:
+        """Move an OPEN lease from reader ``source_id`` to READY reader ``target_id`` (a graceful
+        handoff inside the instance): the lease is placed on the target first (PLACING, so no
+        other round places it and the source's report of the ending is stale), the source's
+        consumer stops without releasing (it finishes the batch in flight within ``grace_s``
+        and checkpoints what was acknowledged), then the row is re-taken under our owner id
+        (the counter rises) and opened on the target after that checkpoint. False when the
+        lease is not OPEN on the source, or the target is not READY."""
+        held, target = self.held.get(shard_id), self._pool.readers.get(target_id)
+        source = held.reader if held is not None else None
+        if (held is None or source is None or source.id != source_id or held.state is not HeldState.OPEN
+                or target is None or not target.ready or self.closing or source.handle is None):
+            return False
+        held.move(HeldState.WAITING)
+        held.move(HeldState.PLACING, target)
+        self.counters["shards_moved"] = self.counters.get("shards_moved", 0) + 1
+        try:
+            await asyncio.wait_for(source.handle.stop(shard_id, False, grace_s), grace_s + self._call_timeout_s)
+        except (ReaderGone, ReaderUnreachable, asyncio.TimeoutError) as e:  # the re-take fences what is left
+            log.info("shard %s: reader %d did not confirm the stop (%r); re-taking it", shard_id, source.id, e)
+        log.info("shard %s: moving from reader %d to reader %d", shard_id, source.id, target.id)
+        await self._rehome(held)
+        return True
+
     # ------------------------------------------------------------------ endings
     def reader_gone(self, reader: PooledReader) -> list[str]:
         """Every lease placed on ``reader`` goes back to WAITING; returns their shard ids."""

@@ -136,6 +136,7 @@ class ReaderPool:
         self.last_start_error: BaseException | None = None
         self.room = asyncio.Event()  # set when a reader becomes ready or a lease ends
         self.closing = False
+        self.wanted = 0  # readers placement by load wants (the pool keeps at least this many)
 
     # ------------------------------------------------------------------ queries
     def ready(self) -> list[PooledReader]:
@@ -160,23 +161,27 @@ class ReaderPool:
         return None if rid is None else self.readers[rid]
 
     # ------------------------------------------------------------------ upkeep
+    def size(self, leases: int) -> int:
+        """Readers to keep for ``leases``: :func:`pool_size`, or more when load placement wants them."""
+        return max(pool_size(leases, self.cap), self.wanted)
+
     def update(self, leases: int) -> None:
-        """Keep the pool at :func:`pool_size` of ``leases``: start readers in the background
+        """Keep the pool at :meth:`size` of ``leases``: start readers in the background
         (after a failed start, once its backoff passed), kill idle READY readers beyond it."""
         if self.closing:
             return
         self.grow(leases)
-        target = pool_size(leases, self.cap)
+        target = self.size(leases)
         idle = [r for r in self.ready() if self._load(r.id) == 0]
         for reader in sorted(idle, key=lambda r: -r.id)[:max(0, len(self.readers) - target)]:
             log.info("reader %d idle beyond the pool size (%d); stopping it", reader.id, target)
             self.drop(reader)
 
     def grow(self, leases: int) -> None:
-        """Start readers in parallel until the pool has :func:`pool_size` of ``leases``."""
+        """Start readers in parallel until the pool has :meth:`size` of ``leases``."""
         if self.closing or self._clock() < self._backoff_until:
             return
-        want = pool_size(leases, self.cap)
+        want = self.size(leases)
         if want > len(self.readers) and self.demand is not None and not self.demand.admit(want):
             return  # no node can hold a reader: asked of the autoscaler, started at a later upkeep
         for _ in range(max(0, want - len(self.readers))):

@@ -85,9 +85,9 @@ class LoadFigures:
     """Adds the load figures to a reader's ``stats()`` result.
 
     The reader's figures gain ``cpu`` (cores over the last window, ``0.0`` before a full
-    one); each shard's gain ``bytes_per_s`` and ``records_per_s`` (from its cumulative
-    ``bytes`` and ``records``; ``0.0`` before a full window) and ``load_known`` (a full
-    window was measured). Shards no longer listed are forgotten.
+    one) and ``load_known`` (a full window was measured); each shard's gain
+    ``bytes_per_s`` and ``records_per_s`` (from its cumulative ``bytes`` and ``records``;
+    ``0.0`` before a full window) and ``load_known``. Shards no longer listed are forgotten.
 
     Args:
         window_s: ``load_window_s``, seconds.
@@ -107,6 +107,7 @@ class LoadFigures:
         now = self._clock()
         self.cpu = self._cpu.sample()
         reader["cpu"] = round(self.cpu, 4) if self.cpu is not None else 0.0
+        reader["load_known"] = self.cpu is not None
         reader["load_window_s"] = self.window_s
         for sid in [s for s in self._shards if s not in shards]:
             del self._shards[sid]

@@ -53,7 +53,7 @@ def test_one_move_per_window_and_a_moved_shard_stays_put_for_three_windows() -> 
     # reader 2 now hot with its one moved shard and another: the moved one is not moved again within 3 W
     p2 = placer()
     p2.plan([ReaderLoad(1, 1.0, (shard("a", 1000), shard("b", 900))), ReaderLoad(2, 0.0)], now=0.0)  # a -> 2
-    back = [ReaderLoad(1, 0.1, (shard("b", 10),)), ReaderLoad(2, 0.9, (shard("a", 1000), shard("z", 1))),
+    back = [ReaderLoad(1, 0.1, (shard("b", 10),)), ReaderLoad(2, 0.9, (shard("a", 1000), shard("z", 300))),
             ReaderLoad(3, 0.0)]
     plan = p2.plan(back, now=2 * W)
     assert [m.shard_id for m in plan.moves] == ["z"]  # a is still settling: the other one goes
@@ -205,3 +205,11 @@ def test_count_placement_with_none_never_moves_in_the_simulation() -> None:
     costs = {"hot-a": 0.7, "cold-1": 0.01, "hot-b": 0.7, "cold-2": 0.01}
     _, moves = simulate(costs, 300, target=None)
     assert moves == []
+
+
+def test_a_reader_hot_from_one_shard_alone_keeps_it_and_its_cold_companions() -> None:
+    p = placer()
+    view = [ReaderLoad(1, 0.7, (shard("hot", 2000), shard("cold-1", 0), shard("cold-2", 0))), ReaderLoad(2, 0.0)]
+    for t in range(0, 200, 2):
+        plan = p.plan(view, now=float(t))
+        assert plan.moves == () and not plan.start_reader  # moving any of them cannot cool reader 1
