@@ -17,7 +17,7 @@ from .protocol import Instance, Lease, lease_key, presence_key
 
 __all__ = ["Row", "KEY", "STREAM", "SHARD_ID", "OWNER", "COUNTER", "DURATION_MS", "EXPIRY", "CHECKPOINT",
            "SUB_SEQUENCE", "START_POSITION", "PARENTS", "NEXT_OWNER", "STREAM_ARN", "STREAM_CREATION_MS",
-           "WRITE_TOKEN", "is_shard_row", "is_presence_row", "row_to_lease", "row_to_instance"]
+           "WRITE_TOKEN", "THROUGHPUT", "is_shard_row", "is_presence_row", "row_to_lease", "row_to_instance"]
 
 Row = dict[str, Any]
 
@@ -37,6 +37,7 @@ NEXT_OWNER = "lease_next_owner"
 STREAM_ARN = "stream_arn"
 STREAM_CREATION_MS = "stream_creation_ms"
 WRITE_TOKEN = "lease_write_token"  # random, per write that raises the counter: tells our own landed write
+THROUGHPUT = "throughput_kbps"  # the shard's recent KB/s, written with renewals (KCL 3.x: throughputKBps)
 
 
 def is_shard_row(row: Mapping[str, Any], stream: str | None = None) -> bool:
@@ -91,4 +92,5 @@ def row_to_lease(row: Mapping[str, Any]) -> Lease:
         next_owner=row.get(NEXT_OWNER),
         stream_arn=row.get(STREAM_ARN),
         stream_creation_ms=None if row.get(STREAM_CREATION_MS) is None else int(row[STREAM_CREATION_MS]),
+        throughput_kbps=None if row.get(THROUGHPUT) is None else float(row[THROUGHPUT]),
     )

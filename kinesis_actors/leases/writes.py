@@ -28,6 +28,7 @@ from .rows import (
     OWNER,
     START_POSITION,
     SUB_SEQUENCE,
+    THROUGHPUT,
     WRITE_TOKEN,
     Row,
     row_to_lease,
@@ -106,7 +107,7 @@ class HolderWrites:
         self._note(new)
         return row_to_lease(new)
 
-    def renew(self, lease: Lease, *, duration_s: float | None = None) -> Lease:
+    def renew(self, lease: Lease, *, duration_s: float | None = None, throughput_kbps: float | None = None) -> Lease:
         """Extend a held lease; the counter rises by one.
 
         Conditional on the lease's owner AND counter (UpdateItem with a
@@ -115,6 +116,8 @@ class HolderWrites:
         Args:
             lease: the latest Lease the holder got from this store.
             duration_s: new lease duration, seconds; None keeps ``lease.duration_ms``.
+            throughput_kbps: the shard's recent throughput, KB/s, stored in the same write
+                (``throughput_kbps``; ``throughputKBps`` in a KCL table); None keeps the row's.
 
         Returns:
             The new Lease.
@@ -126,9 +129,10 @@ class HolderWrites:
         """
         _validate_lease(lease, "renew")
         duration_ms = duration_to_ms(duration_s) if duration_s is not None else max(1, lease.duration_ms)
-        return self._holder_write(
-            lease, "renew", {DURATION_MS: duration_ms, EXPIRY: self._wall_expiry_ms(duration_ms)}
-        )
+        fields: dict[str, Any] = {DURATION_MS: duration_ms, EXPIRY: self._wall_expiry_ms(duration_ms)}
+        if throughput_kbps is not None:
+            fields[THROUGHPUT] = round(max(0.0, float(throughput_kbps)), 3)
+        return self._holder_write(lease, "renew", fields)
 
     def checkpoint(self, lease: Lease, sequence_number: str, *, sub_sequence: int | None = None) -> Lease:
         """Record the last acknowledged sequence number (or ``SHARD_END``); counter +1.

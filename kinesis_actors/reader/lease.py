@@ -170,7 +170,12 @@ class LeaseKeeper:
             self._on_lost(why)
 
     def renew(self) -> Any:
-        """One renewal (a fenced write); see :meth:`write`."""
+        """One renewal (a fenced write); see :meth:`write`. Once a full ``load_window_s`` was
+        measured (``stats["load_known"]``), it carries the shard's ``bytes_per_s`` as
+        ``throughput_kbps`` (KB/s) in the same write, so the row's figure costs no write."""
+        if self.stats.get("load_known"):
+            kbps = float(self.stats.get("bytes_per_s") or 0.0) / 1000.0
+            return self.write("renew", lambda lease: self.store.renew(lease, throughput_kbps=kbps))
         return self.write("renew", lambda lease: self.store.renew(lease))
 
     def in_doubt(self) -> bool:
