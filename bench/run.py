@@ -21,7 +21,7 @@ from .common import Results, ensure_venv, merge_results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SECTIONS = ("throughput", "peer", "latency", "memory", "failover", "scale", "peer_kcl_rs", "efo", "checkpoints",
-            "delivery", "demo")
+            "delivery", "skew", "demo")
 PEER_PACKAGE = "async-kinesis==3.0.1"
 
 DEFAULT = {
@@ -40,6 +40,7 @@ DEFAULT = {
     "kclrs_balance_shards": 8, "kclrs_memory_side_by_side": False,
     "ckpt_rate": 400, "ckpt_seconds": 20.0, "ckpt_intervals": [0, 1, 5],
     "dc_records_per_shard": 40000, "dc_poison_total": 100_000, "dc_trickle_s": 20.0,
+    "skew_per_shard": 100_000, "skew_filter_us": 150, "skew_timeout_s": 900.0,
 }
 QUICK = {
     "tp_records_per_shard": 500, "tp_record_bytes": 1024, "tp_reps": 1,
@@ -56,6 +57,7 @@ QUICK = {
     "kclrs_balance_shards": 8, "kclrs_memory_side_by_side": True,
     "ckpt_rate": 200, "ckpt_seconds": 4.0, "ckpt_intervals": [0, 1],
     "dc_records_per_shard": 500, "dc_poison_total": 5_000, "dc_trickle_s": 5.0,
+    "skew_per_shard": 4_000, "skew_filter_us": 400, "skew_timeout_s": 180.0,
 }
 DEFAULT_TIMINGS = {"lease_duration_s": 10.0, "renew_interval_s": 3.0, "lease_poll_interval_s": 2.0}
 QUICK_TIMINGS = {"lease_duration_s": 2.0, "renew_interval_s": 0.5, "lease_poll_interval_s": 0.5}
@@ -173,13 +175,13 @@ def main(argv: list[str] | None = None) -> int:
         write()  # partial results survive a crash later on
 
     needs_ray = [s for s in sections if s in ("throughput", "latency", "memory", "failover", "scale", "peer_kcl_rs",
-                                              "efo", "checkpoints", "delivery")]
+                                              "efo", "checkpoints", "delivery", "skew")]
     if needs_ray:
         import ray
 
         from kinesis_actors.emulator import Emulator
 
-        from . import checkpoints, delivery, efo, failover, latency, memory, peer_kcl_rs, scale, throughput
+        from . import checkpoints, delivery, efo, failover, latency, memory, peer_kcl_rs, scale, skew, throughput
 
         t = time.monotonic()
         with Emulator() as emu:
@@ -198,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for name, mod in (("throughput", throughput), ("latency", latency), ("memory", memory),
                                   ("failover", failover), ("scale", scale), ("peer_kcl_rs", peer_kcl_rs),
-                                  ("efo", efo), ("checkpoints", checkpoints), ("delivery", delivery)):
+                                  ("efo", efo), ("checkpoints", checkpoints), ("delivery", delivery),
+                                  ("skew", skew)):
                     if name in sections:
                         section(name, mod.run)
             finally:
