@@ -112,3 +112,30 @@ def test_with_reader_target_cpu_none_nothing_moves() -> None:
     assert homes[HOT[0]] == homes[HOT[1]]
     assert run.core.counters.get("shards_moved", 0) == 0
     exactly_once(run.delivered)
+
+
+def test_after_a_reader_dies_its_shards_are_spread_back_once_the_replacement_is_ready() -> None:
+    run = Run(reader_target_cpu=None)  # by count: the hot figures play no part
+    for sid in run.kinesis.shards:
+        run.kinesis.shards[sid] = FakeShard(0)  # an idle stream
+
+    async def scenario() -> list[int]:
+        await run.clock.finish(run.core.start(30.0), within_s=60.0)
+        victim = next(r for r in run.readers if r.core.shard_ids())
+        victim.kill()
+        await run.clock.until(lambda: run.core.counters["readers_replaced"] == 1 and len(run.core.pool.ready()) == 2,
+                              within_s=20.0, what="the replacement ready")
+        await run.clock.until(lambda: sorted(_counts(run)) == [2, 2], within_s=20.0,
+                              what="the shards spread back over the two readers")
+        await run.clock.run_for(5.0)  # and they stay
+        counts = _counts(run)
+        await run.clock.finish(run.core.close(), within_s=60.0)
+        return counts
+
+    assert sorted(asyncio.run(scenario())) == [2, 2]
+    assert run.core.counters["shards_moved"] == 2
+
+
+def _counts(run: Run) -> list[int]:
+    homes = run.homes()
+    return [sum(1 for rid in homes.values() if rid == r.id) for r in run.core.pool.ready()]
