@@ -47,7 +47,7 @@ T = TypeVar("T")
 _START_FAILURES_FATAL = 3  # reader starts failing in a row that end a first pass early
 _STRAGGLER_WAIT_S = 5.0  # first pass: how long to wait for a slow reader once the others have room
 _STORE_THREADS = 16  # threads for the Coordinator's lease-store calls (takes of a poll run in parallel)
-_COUNTERS = ("leases_taken", "leases_lost", "readers_replaced", "shards_rehomed", "shards_ended",
+_COUNTERS = ("leases_taken", "leases_lost", "readers_replaced", "shards_rehomed", "shards_moved", "shards_ended",
              "reader_start_failures", "handoffs_requested", "handoffs_received", "handoffs_forced",
              "leases_handed_over", "step_failures", "store_errors")
 

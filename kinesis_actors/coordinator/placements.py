@@ -189,10 +189,11 @@ class Placements:
             placing.append(held)
         await asyncio.gather(*(self._rehome(h) for h in placing))
 
-    async def _rehome(self, held: Held) -> None:
+    async def _rehome(self, held: Held, *, moved: bool = False) -> None:
         """Re-take ``held``'s row under this owner (the counter rises: the old loops are
         fenced) and open it on the reader it was placed on. If that reader dies meanwhile,
-        the lease is WAITING again and placed again at once."""
+        the lease is WAITING again and placed again at once. Counted in ``shards_moved``
+        for a move by load (``moved``), else in ``shards_rehomed``."""
         shard_id, reader = held.shard.shard_id, held.reader
         try:
             held.taken_at = self._clock()
@@ -205,7 +206,7 @@ class Placements:
                     await self._io(self._store.release, lease)
                 return
             if held.state is HeldState.PLACING and held.reader is reader:
-                self.counters["shards_rehomed"] += 1
+                self.counters["shards_moved" if moved else "shards_rehomed"] += 1
                 held.lease = lease
                 held.move(HeldState.OPENING)
                 await self.open(held)
@@ -243,13 +244,13 @@ class Placements:
             return False
         held.move(HeldState.WAITING)
         held.move(HeldState.PLACING, target)
-        self.counters["shards_moved"] = self.counters.get("shards_moved", 0) + 1
+        self.counters.setdefault("shards_moved", 0)
         try:
             await asyncio.wait_for(source.handle.stop(shard_id, False, grace_s), grace_s + self._call_timeout_s)
         except (ReaderGone, ReaderUnreachable, asyncio.TimeoutError) as e:  # the re-take fences what is left
             log.info("shard %s: reader %d did not confirm the stop (%r); re-taking it", shard_id, source.id, e)
         log.info("shard %s: moving from reader %d to reader %d", shard_id, source.id, target.id)
-        await self._rehome(held)
+        await self._rehome(held, moved=True)
         return True
 
     # ------------------------------------------------------------------ endings
