@@ -235,8 +235,10 @@ class LeaseStore(Protocol):
         same write). ``LeaseLostError`` if not held any more."""
         ...
 
-    def checkpoint(self, lease: Lease, sequence_number: str, *, sub_sequence: int | None = None) -> Lease:
-        """Record the last acknowledged sequence number (or ``SHARD_END``); counter +1."""
+    def checkpoint(self, lease: Lease, sequence_number: str, *, sub_sequence: int | None = None,
+                   throughput_kbps: float | None = None) -> Lease:
+        """Record the last acknowledged sequence number (or ``SHARD_END``); counter +1; with the
+        shard's ``throughput_kbps`` when given (the same write)."""
         ...
 
     def set_start_position(self, lease: Lease, position: str) -> Lease:

@@ -134,7 +134,8 @@ class HolderWrites:
             fields[THROUGHPUT] = round(max(0.0, float(throughput_kbps)), 3)
         return self._holder_write(lease, "renew", fields)
 
-    def checkpoint(self, lease: Lease, sequence_number: str, *, sub_sequence: int | None = None) -> Lease:
+    def checkpoint(self, lease: Lease, sequence_number: str, *, sub_sequence: int | None = None,
+                   throughput_kbps: float | None = None) -> Lease:
         """Record the last acknowledged sequence number (or ``SHARD_END``); counter +1.
 
         A checkpoint also renews the lease (its counter changes).
@@ -144,6 +145,8 @@ class HolderWrites:
             sequence_number: decimal sequence number (any length, e.g. 56 digits; stored as
                 a string) or ``SHARD_END``.
             sub_sequence: sub-sequence number inside a KPL aggregate; None removes it.
+            throughput_kbps: the shard's recent throughput, KB/s, stored in the same write
+                (as :meth:`renew` does); None keeps the row's.
 
         Returns:
             The new Lease.
@@ -163,6 +166,8 @@ class HolderWrites:
             remove = (SUB_SEQUENCE,)
         else:
             fields[SUB_SEQUENCE] = int(sub_sequence)
+        if throughput_kbps is not None:
+            fields[THROUGHPUT] = round(max(0.0, float(throughput_kbps)), 3)
         return self._holder_write(lease, "checkpoint", fields, remove)
 
     def set_start_position(self, lease: Lease, position: str) -> Lease:

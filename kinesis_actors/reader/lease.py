@@ -21,6 +21,7 @@ the pacing of its checkpoint writes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
@@ -169,14 +170,22 @@ class LeaseKeeper:
             log.warning("shard %s: lease lost (%s); stopping without writing", self.spec.shard_id, why)
             self._on_lost(why)
 
+    def throughput(self) -> dict[str, float]:
+        """``{"throughput_kbps": KB/s}`` once a full ``load_window_s`` was measured
+        (``stats["load_known"]``, from the shard's ``bytes_per_s``), else ``{}``: renewals and
+        checkpoints carry it in their own write, so the row's figure costs no write."""
+        if not self.stats.get("load_known"):
+            return {}
+        return {"throughput_kbps": float(self.stats.get("bytes_per_s") or 0.0) / 1000.0}
+
+    def _checkpoint_write(self, sequence_number: str, sub_sequence: int | None, extra: dict[str, float],
+                          lease: Lease) -> Lease:
+        return self.store.checkpoint(lease, sequence_number, sub_sequence=sub_sequence, **extra)
+
     def renew(self) -> Any:
-        """One renewal (a fenced write); see :meth:`write`. Once a full ``load_window_s`` was
-        measured (``stats["load_known"]``), it carries the shard's ``bytes_per_s`` as
-        ``throughput_kbps`` (KB/s) in the same write, so the row's figure costs no write."""
-        if self.stats.get("load_known"):
-            kbps = float(self.stats.get("bytes_per_s") or 0.0) / 1000.0
-            return self.write("renew", lambda lease: self.store.renew(lease, throughput_kbps=kbps))
-        return self.write("renew", lambda lease: self.store.renew(lease))
+        """One renewal (a fenced write, with :meth:`throughput`); see :meth:`write`."""
+        extra = self.throughput()
+        return self.write("renew", lambda lease: self.store.renew(lease, **extra))
 
     def in_doubt(self) -> bool:
         """True when the last successful write is older than ``renew_deadline_s``: the lease
@@ -212,8 +221,8 @@ class LeaseKeeper:
         attempt, first_failure = 0, None
         while True:
             try:
-                await self.write("checkpoint", lambda lease: self.store.checkpoint(
-                    lease, sequence_number, sub_sequence=sub_sequence))
+                await self.write("checkpoint", functools.partial(self._checkpoint_write, sequence_number, sub_sequence,
+                                                                 self.throughput()))
                 return
             except LeaseLostError:
                 raise
