@@ -271,17 +271,19 @@ class Subscription:
     def stats(self) -> dict[str, Any]:
         """This subscription's figures, from its Coordinator and readers (plain data).
 
-        * ``shards``: per shard id: records, bytes, batches, get_records_calls, throttles,
-          expired_iterators, sink_failures, ``millis_behind_latest`` (ms), checkpoint,
-          checkpoint_age_s, lease_counter, state (a ``ConsumerState`` value), and where
-          its reader runs (``reader`` number, ``node_id``: Ray node id hex, ``pid``).
-        * ``readers``: per ShardReader process: reader, pid, node_id, shards,
-          buffered_bytes / peak_buffered_bytes / max_buffered_bytes (the byte budget),
-          budget_waits, kinesis_call_limit and its cuts.
+        * ``shards``: per shard id: records, bytes, batches, get_records_calls, throttles, expired_iterators,
+          sink_failures, ``millis_behind_latest`` (ms), checkpoint, checkpoint_age_s, lease_counter, state
+          (a ``ConsumerState`` value), ``bytes_per_s`` and ``records_per_s`` (averages over ``load_window_s``,
+          0.0 before a full window), and where its reader runs (``reader`` number, ``node_id``: Ray node id
+          hex, ``pid``).
+        * ``readers``: per ShardReader process: ``id`` (the ``reader`` of its shards), pid, node_id, ``cpu``
+          (cores over ``load_window_s``: 0.0 before a full window, the last known figure while it does not
+          answer), shards (a count), buffered_bytes / peak_buffered_bytes / max_buffered_bytes (the byte
+          budget), budget_waits, kinesis_call_limit and its cuts.
         * ``coordinator``: its pid and node_id.
-        * This instance's lease counts: leases_held, leases_taken, leases_lost,
-          readers_replaced, shards_rehomed, shards_ended, reader_start_failures and the
-          handoff counters; target and live_instances of the balancing plan.
+        * This instance's lease counts: leases_held, leases_taken, leases_lost, readers_replaced,
+          shards_rehomed, shards_moved (moves by load), shards_ended, reader_start_failures and the handoff
+          counters; target and live_instances of the balancing plan.
         """
         figures: dict[str, Any] = self._call("stats")
         return figures
