@@ -13,8 +13,8 @@ each in its own kept task with its own try/except: a failing part is logged, cou
 The core's phase is one :class:`~.lifecycle.CoordinatorState` (its moves listed once, in
 :data:`~.lifecycle.TRANSITIONS`), read by the pool and the placements through the core's
 :class:`~.lifecycle.Lifecycle`. Its background tasks are held in task sets by concern
-(the tick, its steps, the pool's reader starts, the placements' opens, the rest), which
-the close cancels or waits for as a whole.
+(the tick, its steps, the pool's reader starts, the placements' opens and moves, the load
+rounds, the rest), which the close cancels or waits for as a whole.
 """
 
 from __future__ import annotations
@@ -95,8 +95,9 @@ class CoordinatorCore:
             autoscaler for nodes that can hold readers (None: never).
 
     Attributes:
-        leases / pool / placements / handoffs / presence: the parts (:class:`LeasePoll`,
-            :class:`ReaderPool`, :class:`Placements`, :class:`Handoffs`, :class:`Presence`).
+        leases / pool / placements / handoffs / presence / loads: the parts (:class:`LeasePoll`,
+            :class:`ReaderPool`, :class:`Placements`, :class:`Handoffs`, :class:`Presence`,
+            :class:`~.loads.LoadMoves`).
         counters: this instance's counters (leases taken, lost, handed over, handoffs,
             reader starts failed, ``step_failures``, ``store_errors``, ...).
         lifecycle: the :class:`~.lifecycle.Lifecycle` (its ``state``, a :class:`~.lifecycle.CoordinatorState`).

@@ -114,7 +114,7 @@ class Placements:
         self._stream, self._owner = stream, owner_id
         self._spec, self._on_finished = spec, on_finished
         self._closing, self.counters, self._clock = closing, counters, clock
-        self.opens = TaskSet(counters)  # opens and placing rounds under way (the close lets them land)
+        self.opens = TaskSet(counters)  # opens, placing rounds and moves under way (the close lets them land)
         self._call_timeout_s = call_timeout_s
         self.held: dict[str, Held] = {}
 
