@@ -8,7 +8,7 @@ the time between them. Sparse samples therefore still give a true average (over 
 slightly longer span); nothing runs in the background. Before a full window has been
 sampled the figure is not known yet (None; ``stats()`` shows ``0.0``).
 
-CPU is read through an injected function, by default :func:`time.process_time` (user +
+CPU is read through an injected function, by default :func:`~kinesis_actors.clock.cpu_s` (user +
 system CPU seconds of every thread of this process, as the kernel accounts them), so a
 reader's figure covers its event loop, its I/O threads and the record filter alike.
 """
@@ -16,11 +16,10 @@ reader's figure covers its event loop, its I/O threads and the record filter ali
 from __future__ import annotations
 
 import collections
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..clock import Clock, monotonic_s
+from ..clock import Clock, cpu_s, monotonic_s
 
 __all__ = ["WindowRate", "CpuMeter", "LoadFigures"]
 
@@ -66,11 +65,11 @@ class CpuMeter:
 
     Args:
         window_s: the window, seconds.
-        cpu_time: CPU seconds used so far by the process (default :func:`time.process_time`).
+        cpu_time: CPU seconds used so far by the process (default :func:`~kinesis_actors.clock.cpu_s`).
         clock: monotonic seconds (default :func:`kinesis_actors.clock.monotonic_s`).
     """
 
-    def __init__(self, window_s: float, *, cpu_time: Callable[[], float] = time.process_time,
+    def __init__(self, window_s: float, *, cpu_time: Callable[[], float] = cpu_s,
                  clock: Clock = monotonic_s) -> None:
         self._rate = WindowRate(window_s)
         self._cpu_time, self._clock = cpu_time, clock
@@ -94,7 +93,7 @@ class LoadFigures:
         cpu_time / clock: as for :class:`CpuMeter`.
     """
 
-    def __init__(self, window_s: float, *, cpu_time: Callable[[], float] = time.process_time,
+    def __init__(self, window_s: float, *, cpu_time: Callable[[], float] = cpu_s,
                  clock: Clock = monotonic_s) -> None:
         self.window_s = window_s
         self._cpu = CpuMeter(window_s, cpu_time=cpu_time, clock=clock)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..clock import cpu_s
 from ..errors import InvalidError
 from ..leases.protocol import Lease, LeaseStore
 from ..load.meter import LoadFigures
@@ -72,7 +73,7 @@ class ShardReaderCore:
         load_window_s: the window of the load figures (process CPU, each shard's bytes/s
             and records/s), seconds; they are sampled at every :meth:`events` and
             :meth:`stats` call (the Coordinator's watch calls ``events`` every few seconds).
-        cpu_time: CPU seconds used by this process so far (default :func:`time.process_time`).
+        cpu_time: CPU seconds used by this process so far (default :func:`~kinesis_actors.clock.cpu_s`).
 
     Raises:
         InvalidError: ``max_buffered_bytes`` is not a positive int.
@@ -81,7 +82,7 @@ class ShardReaderCore:
     def __init__(self, *, store: LeaseStore, deliver: Deliver, kinesis: Any,
                  max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES, io: ReaderIo | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Sleep = asyncio.sleep,
-                 load_window_s: float = 10.0, cpu_time: Callable[[], float] = time.process_time) -> None:
+                 load_window_s: float = 10.0, cpu_time: Callable[[], float] = cpu_s) -> None:
         self._store = store
         self._deliver = deliver
         self._kinesis = kinesis
