@@ -7,7 +7,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: install lint demo notebooks test test-fast test-integration test-bench-harness test-kinesalite test-kinesis-mock test-notebooks test-cluster test-chaos package bench clean
+.PHONY: install lint demo notebooks test test-fast test-integration test-bench-harness test-kinesalite test-kinesis-mock test-notebooks test-cluster test-chaos test-docs docs package bench clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,17 @@ test-chaos: install  # tests/chaos: kill readers, Coordinators, nodes, drivers o
 test: install lint $(KINESALITE)/node_modules/.installed  # everything .ci/run runs: lint, one pytest session, then the chaos suite's own
 	KINESALITE_REQUIRED=1 KINESIS_MOCK_REQUIRED=1 $(BIN)/python -m pytest tests $(PYTEST_ARGS)
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml, docs/) into build/site: the benchmark page and its charts are generated
+# from bench/results.json first, then `mkdocs build --strict` fails on any warning (a broken link, a docstring
+# mkdocstrings cannot read). The docs extra is part of the test extra.
+docs: install
+	$(BIN)/python -m bench.report --docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The built site in headless Chromium (Debian's chromium + chromium-driver; .ci/run installs them) -> build/docs-screenshots/
+test-docs: docs
+	DOCS_BROWSER_REQUIRED=1 $(BIN)/python -m pytest tests/docs $(PYTEST_ARGS)
 
 # The sdist and the wheel (python -m build), twine check, then the wheel alone in a fresh venv answers
 # `kinesis-actors --version`. That venv sees the test venv's packages through a .pth line (so the

@@ -23,5 +23,5 @@ reader passing ``reader_target_cpu`` to the move), ``demo`` (``kinesis-actors de
 
 Every figure in ``results.json`` has ``name``, ``value``, ``unit``, ``anchor`` (what it is
 compared to), ``anchor_value``, ``ratio`` (value / anchor_value), ``goal`` and ``goal_met``.
-``python -m bench.report`` prints the Markdown table the README shows.
+``python -m bench.report`` prints the Markdown table the docs show (``--docs`` writes the site's benchmark page).
 """

@@ -84,6 +84,7 @@ class Results:
         return {
             "date": self.started.strftime("%Y-%m-%d"),
             "started_utc": self.started.isoformat(timespec="seconds"),
+            "commit": git_commit(),
             "machine": machine(),
             "mode": self.mode,
             "params": self.params,
@@ -233,6 +234,16 @@ def median(values: Iterable[float | None]) -> float | None:
     return percentile(xs, 50) if xs else None
 
 
+def git_commit() -> str | None:
+    """The short commit of the checkout the bench runs from (``git rev-parse``), None outside git."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
 def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """``old`` (a results file) with the sections of ``new`` replaced by ``new``'s figures, errors,
     timings and load; other sections are kept as measured. ``merged_runs`` lists the runs merged in."""
@@ -246,7 +257,8 @@ def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     out["load_average_1min_at_section_start"] = {**old.get("load_average_1min_at_section_start", {}),
                                                  **new["load_average_1min_at_section_start"]}
     out["notes"] = list(old.get("notes", [])) + [n for n in new["notes"] if n not in old.get("notes", [])]
-    out["merged_runs"] = [*old.get("merged_runs", []), {k: new[k] for k in ("started_utc", "mode", "params", "machine")}]
+    run = {k: new.get(k) for k in ("started_utc", "commit", "mode", "params", "machine")}
+    out["merged_runs"] = [*old.get("merged_runs", []), run]
     return out
 
 

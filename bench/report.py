@@ -1,5 +1,7 @@
 """``python -m bench.report [--key] [results.json]``: the Markdown table of a results file (``--key``: the
-figures the README shows). ``python -m bench.report --chaos [chaos.json]``: the chaos suite's table
+key figures, as the site's benchmark page shows them). ``python -m bench.report --docs``: the site's benchmark page and its charts
+(``docs/benchmarks.md``, ``docs/assets/bench/``; ``--readme`` prints the README's three figures).
+``python -m bench.report --chaos [chaos.json]``: the chaos suite's table
 (the repository's reference run; ``make test-chaos`` writes yours to ``build/chaos.json``)."""
 
 from __future__ import annotations
@@ -114,13 +116,24 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     key_only = "--key" in args
     chaos = "--chaos" in args
-    args = [a for a in args if a not in ("--key", "--chaos")]
+    docs, readme = "--docs" in args, "--readme" in args
+    args = [a for a in args if a not in ("--key", "--chaos", "--docs", "--readme")]
     if chaos:
         with open(args[0] if args else CHAOS_PATH) as f:
             print(chaos_markdown(json.load(f)))
         return 0
     path = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.json")
+    if docs:
+        from .docs_page import write
+
+        print(write(path, CHAOS_PATH))
+        return 0
     with open(path) as f:
+        if readme:
+            from .docs_page import readme_figures
+
+            print("\n".join(readme_figures(json.load(f))))
+            return 0
         print(markdown(json.load(f), key_only=key_only))
     return 0
 

@@ -167,7 +167,8 @@ class Subscription:
         written); a ``[]`` acknowledges nothing.
 
         Raises:
-            The subscription's parked error (``SinkError``, ``StreamError``, ``LeaseStoreError``...).
+            KinesisError: the subscription's parked error (``SinkError``, ``StreamError``,
+                ``LeaseStoreError``...).
             InvalidError: in push mode, or after ``close()``.
         """
         import ray
@@ -274,8 +275,7 @@ class Subscription:
         * ``shards``: per shard id: records, bytes, batches, get_records_calls, throttles, expired_iterators,
           sink_failures, ``millis_behind_latest`` (ms), checkpoint, checkpoint_age_s, lease_counter, state
           (a ``ConsumerState`` value), ``bytes_per_s`` and ``records_per_s`` (averages over ``load_window_s``,
-          0.0 before a full window), and where its reader runs (``reader`` number, ``node_id``: Ray node id
-          hex, ``pid``).
+          0.0 before a full window), and where its reader runs (``reader``, ``node_id`` in hex, ``pid``).
         * ``readers``: per ShardReader process: ``id`` (the ``reader`` of its shards), pid, node_id, ``cpu``
           (cores over ``load_window_s``: 0.0 before a full window, the last known figure while it does not
           answer), shards (a count), buffered_bytes / peak_buffered_bytes / max_buffered_bytes (the byte
@@ -321,7 +321,7 @@ class Subscription:
         Raises:
             InvalidError: ``timeout_s`` is not a finite number > 0 (checked before anything
                 is stopped or sent).
-            The subscription's parked error, if any, after closing.
+            KinesisError: the subscription's parked error, if any, after closing.
         """
         timeout_s = positive_duration("timeout_s", timeout_s)
         deadline = monotonic_s() + timeout_s

@@ -6,8 +6,7 @@ clock (record ages) and the sleep are injected, so unit tests drive it without R
 time. The reader's consumer wraps the sink call and the sleep so that waiting on them
 stamps its heartbeat (a slow or failing downstream keeps the lease).
 
-What happens to a batch (each step follows Lambda's event source mapping for Kinesis
-where SPEC is silent):
+What happens to a batch (each step follows Lambda's event source mapping for Kinesis):
 
 1. ``record_filter`` runs on every record; rejected ones are done (acknowledged without
    delivery, counted in ``filtered``).
@@ -31,6 +30,9 @@ Acknowledgement is in order: ``on_ack(n)`` is awaited each time the acknowledged
 the batch grows to ``n`` records, so the consumer checkpoints after record ``n - 1`` and
 never past a record that is not done (delivered, filtered or dead-lettered). A dead letter
 is written before its record counts as done.
+
+:class:`OneLane` hands a shard's batches to the engine one at a time (``parallelization_factor``
+1 without a window or a byte limit); :class:`~.parallel.ShardPipeline` is the N-lane form.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from ..records import Record
 from .dead_letter import DeadLetter, DeadLetterWriter
 from .options import DeliveryOptions
 
-__all__ = ["DeliveryEngine", "DeliveryResult", "SINK_BACKOFF", "partial_failed_from"]
+__all__ = ["DeliveryEngine", "DeliveryResult", "SINK_BACKOFF", "partial_failed_from", "OneLane"]
 
 log = logging.getLogger(__name__)
 
@@ -298,3 +300,129 @@ class DeliveryEngine:
             batch.done[i] = True
         result.dead_lettered += len(failing)
         await self._advance(batch, on_ack)
+
+
+class OneLane:
+    """One batch of a shard in flight (``parallelization_factor`` 1, no window, no byte limit):
+    fetched responses go downstream in shard order through :meth:`DeliveryEngine.deliver`,
+    cut into batches of at most ``size`` records.
+
+    It is the one-lane form of :class:`~.parallel.Lanes`, the interface the reader's read
+    loop drives (:class:`~.parallel.ShardPipeline` is the other). With one batch in flight
+    the acknowledged prefix of that batch is the checkpoint, so no record is tracked on its
+    own, and a response goes downstream as the compact batch it was fetched as (sliced
+    when larger than ``size``). The error of a batch is kept and raised by the next
+    :meth:`dispatch` or :meth:`wait`; until then the lane is not :attr:`idle`.
+
+    Args:
+        deliver: ``async deliver(batch, on_ack)``, e.g. :meth:`DeliveryEngine.deliver`.
+        checkpoint: ``async checkpoint(record, partial)``: every record up to ``record`` is
+            acknowledged; ``partial`` when the rest of its batch is retried.
+        acked: called with records once they are acknowledged (the counters).
+        size: most records per batch. refill_below: :meth:`can_fetch` while fewer are held.
+        sleep: ``async sleep`` on the injected clock (the timeout of :meth:`wait`).
+        stats: ``batches`` counts the batches done.
+    """
+
+    def __init__(self, deliver: Callable[[Sequence[Record], OnAck], Awaitable[Any]],
+                 checkpoint: Callable[[Record, bool], Awaitable[None]], acked: Callable[[Sequence[Record]], object],
+                 *, size: int, refill_below: int, sleep: Callable[[float], Awaitable[Any]],
+                 stats: MutableMapping[str, Any]) -> None:
+        self._deliver, self._checkpoint, self._acked = deliver, checkpoint, acked
+        self._size, self._refill_below, self._sleep = size, refill_below, sleep
+        self.stats = stats
+        self._held: list[Sequence[Record]] = []  # fetched responses, the first one handed out up to _offset
+        self._offset = 0
+        self._count = 0  # records held, not handed out
+        self._task: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing held and no batch (running, or ended and not collected)."""
+        return self._task is None and not self._held
+
+    @property
+    def in_flight(self) -> int:
+        """1 while a batch is with the downstream, else 0."""
+        return int(self._task is not None and not self._task.done())
+
+    def add(self, records: Sequence[Record]) -> None:
+        """Hold a fetched response's records (after those held)."""
+        if len(records):
+            self._held.append(records)
+            self._count += len(records)
+
+    def can_fetch(self) -> bool:
+        """True while fewer than ``refill_below`` records wait to be handed out."""
+        return self._count < self._refill_below
+
+    def due_in(self) -> float | None:
+        """None: held records go out once the batch in flight is acknowledged."""
+        return None
+
+    def dispatch(self, *, force: bool = False) -> int:
+        """Hand the next batch downstream unless one is in flight; 1 if it did.
+
+        Raises:
+            The error of the last batch (``SinkError``, ``LeaseLostError``).
+        """
+        self._collect()
+        if self._task is not None or not self._held:
+            return 0
+        head, start = self._held[0], self._offset
+        stop = min(len(head), start + self._size)
+        batch = head if start == 0 and stop == len(head) else head[start:stop]
+        self._offset = stop
+        if stop == len(head):
+            self._held.pop(0)
+            self._offset = 0
+        self._count -= len(batch)
+        self._task = asyncio.create_task(self._run(batch), name="lane-0")
+        return 1
+
+    async def _run(self, batch: Sequence[Record]) -> None:
+        done = 0
+
+        async def on_ack(n: int) -> None:
+            nonlocal done
+            self._acked(batch[done:n])
+            done = n
+            await self._checkpoint(batch[n - 1], n < len(batch))
+
+        await self._deliver(batch, on_ack)
+        self.stats["batches"] = self.stats.get("batches", 0) + 1
+
+    def _collect(self) -> None:
+        task = self._task
+        if task is not None and task.done():
+            self._task = None
+            if not task.cancelled() and task.exception() is not None and self._error is None:
+                self._error = task.exception()
+        if self._error is not None:
+            raise self._error
+
+    async def wait(self, timeout_s: float, *, also: asyncio.Future[Any] | None = None) -> None:
+        """Wait until the batch in flight ends, ``also`` ends, or ``timeout_s`` seconds pass on
+        the injected clock.
+
+        Raises:
+            The error of the batch.
+        """
+        waits = {f for f in (self._task, also) if f is not None and not f.done()}
+        if waits:
+            timer = asyncio.ensure_future(self._sleep(max(0.0, timeout_s)))
+            try:
+                await asyncio.wait(waits | {timer}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                timer.cancel()
+        self._collect()
+
+    async def cancel(self) -> None:
+        """Cancel the batch in flight and drop what is held (a seek, the loop's end)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._held.clear()
+        self._offset = self._count = 0

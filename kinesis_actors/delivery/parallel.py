@@ -7,16 +7,16 @@ key in the same batch, keys spread so the lanes fill evenly), and the next round
 starts once every batch of the last one is acknowledged, which puts the checkpoint past
 all of it. So records of one key are delivered in order, at most ``N`` batches are in
 flight, and at most ``N`` batches (one round) lie past the checkpoint: a failure
-redelivers at most those (invariants 8 and 10 read "N batches").
+redelivers at most those.
 
 The checkpoint is the highest position below which every record is acknowledged
 (:class:`AckTracker`): positions are ``(sequence number, sub-sequence)``, so a checkpoint
 may fall inside a KPL aggregate, after the last acknowledged user record (the fetcher
-resumes after it). Before ``SHARD_END`` :meth:`ShardPipeline.drain` delivers whatever is
-gathered and waits until every lane's batches are acknowledged: ``SHARD_END`` is written
-only after the shard's last record is (invariant 2). With ``N = 1`` and no window this is
-the one-batch-in-flight delivery of SPEC's "Delivery", with the next ``GetRecords`` fetched
-while the batch is delivered.
+resumes after it). Before ``SHARD_END`` the reader's loop delivers whatever is gathered
+and waits until every lane's batches are acknowledged: ``SHARD_END`` is written only after
+the shard's last record is. With ``N = 1`` and neither a window nor a byte limit the reader
+uses :class:`~.engine.OneLane` instead (one batch in flight, no per-record tracking).
+:class:`Lanes` is the interface the reader's loop drives, which both implement.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import collections
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ..records import Record, seq_key
 from .gather import BatchGatherer
 from .options import DeliveryOptions
 
-__all__ = ["AckTracker", "ShardPipeline"]
+__all__ = ["AckTracker", "ShardPipeline", "Lanes"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,39 @@ class AckTracker:
         self._acked.clear()
 
 
+class Lanes(Protocol):
+    """What the reader's read loop drives to deliver one shard's records: :class:`ShardPipeline`
+    or :class:`~.engine.OneLane`. The error of a batch is raised by the next :meth:`dispatch`
+    or :meth:`wait`; lanes holding an unraised error are never :attr:`idle`, so a shard's end
+    is never recorded past a batch that failed."""
+
+    @property
+    def idle(self) -> bool:
+        """Nothing held, nothing in flight, every finished batch collected."""
+
+    @property
+    def in_flight(self) -> int:
+        """Batches with the downstream, not yet acknowledged."""
+
+    def add(self, records: Sequence[Record]) -> None:
+        """Hold fetched records (shard order) for delivery."""
+
+    def dispatch(self, *, force: bool = False) -> int:
+        """Start what may start now (``force``: whatever is held, windows aside); how many batches started."""
+
+    def can_fetch(self) -> bool:
+        """True while the next response may be fetched."""
+
+    def due_in(self) -> float | None:
+        """Seconds until held records are due (a window), or None."""
+
+    async def wait(self, timeout_s: float, *, also: asyncio.Future[Any] | None = None) -> None:
+        """Wait until a batch ends, ``also`` ends, or ``timeout_s`` seconds pass."""
+
+    async def cancel(self) -> None:
+        """Cancel the batches in flight and drop what is held."""
+
+
 @dataclasses.dataclass
 class _Lane:
     index: int
@@ -120,11 +153,11 @@ class ShardPipeline:
         checkpoint: ``async checkpoint(record)``: write the checkpoint after ``record``.
             Called one at a time, with positions that only grow: when a round is fully
             acknowledged, and after a partial acknowledgement (``on_ack(n)`` short of the
-            batch, SPEC's ``PartialBatchError``) that moved the acknowledged prefix. A batch
+            batch, a ``PartialBatchError``) that moved the acknowledged prefix. A batch
             acknowledged whole while others of its round are still in flight moves the
             prefix without a write: the round's last batch writes it, one lease-table
             write per round instead of up to N, and a failure before then redelivers
-            that round, at most N batches, as invariant 10 allows.
+            that round, at most N batches.
         max_records: the ``GetRecords`` ``Limit`` (the batch limit without ``max_batch_records``).
         clock: monotonic seconds (the window).
         wall_clock: epoch seconds, to count a window from the records' arrival times (see
@@ -183,7 +216,7 @@ class ShardPipeline:
         """The next round starts once no batch is in flight: a lane's task ends only after its
         records are acknowledged and the acknowledged prefix advanced, so the last round
         then lies behind the checkpoint. At most one round (N batches) is ever past it, so
-        a failure redelivers at most N batches of the shard (invariant 10 with N lanes), not
+        a failure redelivers at most N batches of the shard, not
         every batch a fast lane acknowledged ahead of a slow one."""
         return not any(lane.busy for lane in self._lanes)
 

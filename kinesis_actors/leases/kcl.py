@@ -199,7 +199,6 @@ class KclRows:
         for item in items:
             self._observe(item)
 
-    # ------------------------------------------------------------------ keys
     def _split(self, key: str) -> tuple[str, str]:
         stream, _, shard_id = key.partition(":")
         self.check_stream(stream)
@@ -240,7 +239,6 @@ class KclRows:
         if self.live is not None:
             raise KclFleetLiveError(self.live)
 
-    # ------------------------------------------------------------------ the table interface
     def _scan_items(self) -> list[dict[str, Any]]:
         kwargs: dict[str, Any] = {"TableName": self.table, "ConsistentRead": True}
         items: list[dict[str, Any]] = []
@@ -370,13 +368,16 @@ class KclLeaseStore(LeaseRules):
     Args:
         application: the KCL application name, which is its lease table's name (KCL's
             default ``tableName``); 3-255 characters of ``[a-zA-Z0-9_.-]``.
-        endpoint / region / test_credentials / session: as for ``DynamoLeaseStore``; unset
-            ones are inherited from the broker.
+        endpoint: as for ``DynamoLeaseStore``; unset, inherited from the broker (so are the next two).
+        region: as for ``DynamoLeaseStore``.
+        test_credentials: as for ``DynamoLeaseStore``.
+        session: as for ``DynamoLeaseStore``; unset, inherited from the broker.
         stream: the stream of a single-stream table (which does not record it), or None to
             bind to the first stream used; another stream then raises ``InvalidError``.
         multi_stream: the table's layout; None detects it at :meth:`open` (rows with
             ``streamName`` make it multi-stream; an empty table is single-stream).
-        clock / wall_clock: monotonic and epoch clocks, seconds.
+        clock: the monotonic clock, seconds.
+        wall_clock: the epoch clock, seconds.
 
     Raises:
         InvalidError: a bad application name or stream name.

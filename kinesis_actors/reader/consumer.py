@@ -1,53 +1,64 @@
-"""ShardConsumer: the life of one shard lease in a reader, as a state machine (see :mod:`.states`).
+"""ShardConsumer: the life of one shard lease in a reader (a state machine, see :mod:`.states`)
+and its one read loop.
 
-Fault model (every invariant of SPEC.md holds per consumer, whatever else the process runs):
+Fault model (every invariant holds per consumer, whatever else the process runs):
 
-* The checkpoint is written only after the downstream acknowledged the batch
-  (:class:`~.delivery.BatchDelivery` says how far), so a crash anywhere re-delivers at
-  most what was acknowledged since the last checkpoint (at-least-once); the
-  :class:`~.lease.CheckpointPacer` paces the writes (``min_checkpoint_interval_s``).
+* The checkpoint is written only after the downstream acknowledged the records before it,
+  so a crash anywhere re-delivers at most what was acknowledged since the last checkpoint
+  (at-least-once); the :class:`~.lease.CheckpointPacer` paces the writes.
 * Store writes go through the consumer's :class:`~.lease.LeaseKeeper` (fenced, serialised).
-* A lost lease ends the consumer at once (``LOST``): nothing more is written, the batch
-  in flight is not acknowledged. A consumer whose lease is in doubt renews it before
-  handing a batch downstream, so a resumed zombie is fenced before it delivers.
+* A lost lease ends the consumer at once (``LOST``): nothing more is written, the batch in
+  flight is not acknowledged. A consumer whose lease is in doubt renews it before handing
+  a batch downstream, so a resumed zombie is fenced before it delivers.
 * Graceful handoff: a write that returns the lease with ``lease_next_owner`` set (or
-  :meth:`ShardConsumer.request_handoff`) stops the consumer with ``HANDOFF``: the batch
-  in flight is delivered, acknowledged and checkpointed, records fetched but not
-  delivered are dropped, then one fenced ``hand_over`` write gives the row to the asker.
-* ``LATEST`` is resolved once: a first open records ``AT_TIMESTAMP`` of that moment in
-  ``start_position`` and reads from the ``LATEST`` iterator itself.
-* Enhanced fan-out: one event per step, read in the subscription pool (the next one
-  while the current one is delivered, as for polling: :mod:`.prefetch`); when the byte
-  budget stays full for :data:`FANOUT_BUDGET_DROP_S`, the subscription is dropped
-  (:meth:`~.fetcher.Fetcher.pause`) and opened again later.
+  :meth:`ShardConsumer.request_handoff`) stops the consumer with ``HANDOFF``: the batch in
+  flight is delivered, acknowledged and checkpointed, records fetched but not delivered are
+  dropped, then one fenced ``hand_over`` write gives the row to the asker.
+
+The read loop (:meth:`ShardConsumer.process`) serves every ``parallelization_factor``: it hands
+fetched records to the consumer's :class:`~kinesis_actors.delivery.Lanes`,
+:class:`~kinesis_actors.delivery.OneLane` (one batch in flight: the default) or a
+:class:`~kinesis_actors.delivery.ShardPipeline` (``parallelization_factor > 1``, a
+batching window or a byte limit), and keeps these rules, each written once:
+
+* Fetch ahead: at most one fetch in flight, started while the lanes hold less than one
+  response (so the next response is read while the current one is delivered); a shard
+  whose lanes are idle polls inline. Nothing is fetched past the response that ended the shard.
+* Stop: the batches in flight finish (the stop's grace bounds the wait); the fetch in flight
+  and what is gathered are dropped, so nothing is checkpointed past what was delivered.
+* Seek: the same, then the fetcher reopens at the position.
+* Shard end: every gathered record is delivered and every batch acknowledged before the
+  ``SHARD_END`` stop; a lane whose batch failed is never idle, so its error is raised
+  instead and ``SHARD_END`` is never written past unacknowledged records.
+* Bytes: a response's byte-budget bytes go back once every record of it is acknowledged;
+  dropped records' bytes go back at the stop or seek.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import metrics
 from ..batch import payload_bytes
-from ..errors import KinesisError, LeaseLostError
+from ..clock import monotonic_s, wall_s
+from ..errors import LeaseLostError
 from ..kinesis import Fetched
-from ..leases.protocol import SHARD_END, Lease, LeaseStore
-from ..metrics import reader_tick
+from ..leases.protocol import Lease, LeaseStore
 from ..records import Record, StartAt
+from . import tasks
 from .delivery import BatchDelivery
-from .fetcher import new_fetcher
-from .io import ByteBudget, ReaderIo, ToThreadIo
-from .lanes import process_in_lanes
+from .io import ReaderIo, ToThreadIo
 from .lease import CheckpointPacer, LeaseKeeper
-from .prefetch import process_one_lane
-from .reading import FANOUT_BUDGET_DROP_S, Reading
+from .reading import FANOUT_BUDGET_DROP_S, ByteBudget, Reading
 from .spec import Deliver, ReaderSpec, Rng, Sleep
-from .states import TRANSITIONS, ConsumerState, Stop, StopReason
+from .states import BEHAVIOURS, TERMINAL, TRANSITIONS, ConsumerState, Stop, StopReason
 from .timers import wait_first
 
-__all__ = ["ShardConsumer", "FANOUT_BUDGET_DROP_S", "STOP_SLACK_S"]
+__all__ = ["ShardConsumer", "FANOUT_BUDGET_DROP_S", "STOP_SLACK_S", "TICK_S"]
 
 log = logging.getLogger("kinesis_actors.reader")
 
@@ -55,42 +66,18 @@ STOP_SLACK_S = 0.5
 """How long past its grace a stop waits for a consumer it cancelled, seconds (a lease write
 hanging there is not awaited longer: it lands, or the lease expires)."""
 
-_S = ConsumerState
+TICK_S = 1.0
+"""How often a consumer refreshes its figures (``checkpoint_age_s``) and offers them to the
+metrics export, seconds at most (half the export interval when that is shorter)."""
 
-
-def resume_position(lease: Lease) -> StartAt | None:
-    """Where ``lease`` says to open: after its checkpoint, else its recorded start position
-    (None: a first open, nothing recorded yet)."""
-    if lease.checkpoint and lease.checkpoint != SHARD_END:
-        return StartAt.after_sequence_number(lease.checkpoint, lease.checkpoint_sub_sequence)
-    if lease.start_position:
-        return StartAt.parse(lease.start_position)
-    return None
-
-
-def lag_ms(got: Fetched) -> int | None:
-    """``millis_behind_latest`` of a fetch: the service's figure, or the newest record's age
-    (wall clock against its ``ApproximateArrivalTimestamp``) if larger, in milliseconds."""
-    lag = got.millis_behind_latest
-    records = got.records
-    if records and records[-1].approximate_arrival_timestamp is not None:
-        # Emulators report 0 or a gap between records; the age of the newest record is honest.
-        age = int((time.time() - records[-1].approximate_arrival_timestamp.timestamp()) * 1000)
-        lag = max(int(lag or 0), age) if lag else age
-    return lag
+_S, _R = ConsumerState, StopReason
 
 
 class ShardConsumer:
-    """The read loop of one shard lease, with its renew task (plain asyncio, no Ray).
+    """One shard lease in a reader, from its first iterator to its terminal state (plain asyncio, no Ray).
 
-    Moves (the only ones :data:`~.states.TRANSITIONS` allows)::
-
-        INITIALIZING -> PROCESSING -> (stop) -> SHUTTING_DOWN -> CLOSED | HANDED_OVER
-        any live state -> SHARD_ENDED | LOST | FAILED
-
-    What a live consumer does next depends on its state and its one :class:`~.states.Stop`
-    (None while it runs): ``REQUESTED``/``HANDOFF`` finish the batch in flight, then
-    release or hand over; ``LEASE_LOST`` writes nothing more.
+    :meth:`run` steps through :data:`~.states.BEHAVIOURS`: each state's task runs, then the
+    consumer moves as the state says for the stop then in force (None while it runs on).
 
     Args:
         spec: see :class:`ReaderSpec`. lease: the lease as the Coordinator took it.
@@ -99,7 +86,8 @@ class ShardConsumer:
         kinesis: a boto3 Kinesis client (blocking; called in ``io``'s Kinesis pool).
         io: the process's :class:`ReaderIo`; default ``asyncio.to_thread``.
         budget: the process's :class:`ByteBudget`, or None (unbounded). rng: an :data:`~.spec.Rng` or None.
-        clock: monotonic seconds. sleep: ``async sleep`` on that clock (every timer of the consumer).
+        clock: monotonic seconds. wall_clock: epoch seconds (record ages, ``LATEST`` resolved).
+        sleep: ``async sleep`` on ``clock`` (every timer of the consumer).
         on_open: called once, when the consumer enters ``PROCESSING`` (first iterator held).
         lease_age_s: a lower bound on the lease's age, seconds (since the write that produced
             it was sent); None: at most one renew interval, assumed.
@@ -107,15 +95,16 @@ class ShardConsumer:
 
     def __init__(self, spec: ReaderSpec, lease: Lease, store: LeaseStore, deliver: Deliver, kinesis: Any, *,
                  io: ReaderIo | ToThreadIo | None = None, budget: ByteBudget | None = None, rng: Rng | None = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Sleep = asyncio.sleep,
-                 on_open: Callable[[], None] | None = None, lease_age_s: float | None = None) -> None:
+                 clock: Callable[[], float] = monotonic_s, wall_clock: Callable[[], float] = wall_s,
+                 sleep: Sleep = asyncio.sleep, on_open: Callable[[], None] | None = None,
+                 lease_age_s: float | None = None) -> None:
         self.spec = spec
-        self._kinesis = kinesis
+        self._kinesis, self._deliver = kinesis, deliver
         self._io = io if io is not None else ToThreadIo()
-        self._budget = budget
-        self._clock = clock
-        self._sleep = sleep
+        self._clock, self._wall_clock, self._sleep = clock, wall_clock, sleep
         self._on_open = on_open
+        self._step_s = max(0.05, spec.renew_interval_s / 2)
+        self._tick_at = float("-inf")
         self.state = ConsumerState.INITIALIZING
         self.error: BaseException | None = None
         self.stats: dict[str, Any] = {
@@ -127,16 +116,20 @@ class ShardConsumer:
         if spec.consumer_arn:
             self.stats.update(retrieval="fanout", subscriptions=0, subscription_renewals=0, subscription_drops=0,
                               budget_drops=0)
+        self._stop: Stop | None = None
+        self._seek: tuple[StartAt, asyncio.Future[None]] | None = None  # a pending seek request
         self.keeper = LeaseKeeper(spec, lease, store, self._io, clock=clock, sleep=sleep, lease_age_s=lease_age_s,
                                   on_lost=self._lost, on_handoff=self._asked, stats=self.stats, rng=rng)
-        self.delivery = BatchDelivery(spec, deliver, run_blocking=self._io.kinesis, clock=clock, sleep=sleep,
-                                      alive=self._alive, stats=self.stats, confirm=self.keeper.confirm, rng=rng)
-        self._stop: Stop | None = None
-        self.reading = Reading(spec, self._io, budget, self.keeper, self.stats, clock=clock, sleep=sleep,
-                               stopping=self._stopping, alive=self._alive)
-        self._seek: tuple[StartAt, asyncio.Future[None]] | None = None  # a pending seek request
+        self.delivery = BatchDelivery(spec, self._sink, run_blocking=self._io.kinesis, clock=clock,
+                                      wall_clock=wall_clock, sleep=sleep, alive=self._alive, stats=self.stats, rng=rng)
         self.checkpoints = CheckpointPacer(self.keeper, spec.min_checkpoint_interval_s, clock=clock,
                                            sleep_alive=self.delivery.sleep_alive, stats=self.stats)
+        self.reading = Reading(spec, self._io, budget, self.keeper, self.stats, clock=clock, sleep=sleep,
+                               interrupted=self._interrupted, alive=self._alive, prepare=self.delivery.prepare)
+        self._lanes = self.delivery.lanes(self._checkpoint_after, self._count_acked, sleep=sleep)
+        # (position of the last record, budget bytes) of each fetched response not yet all acknowledged
+        self._responses: collections.deque[tuple[tuple[int, int], int]] = collections.deque()
+        self._flush_lock = asyncio.Lock()
         self._task: asyncio.Task[Any] | None = None
         self._renew_task: asyncio.Task[None] | None = None
 
@@ -166,6 +159,11 @@ class ShardConsumer:
     def stop_request(self) -> Stop | None:
         """Why this consumer is stopping (None while it runs on)."""
         return self._stop
+
+    @property
+    def seeking(self) -> bool:
+        """True while a seek is asked and not applied yet."""
+        return self._seek is not None
 
     def _request(self, stop: Stop) -> None:
         """Merge ``stop`` into the consumer's one stop (see :meth:`Stop.merge`)."""
@@ -202,48 +200,23 @@ class ShardConsumer:
         """True once the read loop must leave its step: a stop, or a seek to apply."""
         return self._stop is not None or self._seek is not None
 
-    # ---------------------------------------------------------------- INITIALIZING
+    def _alive(self) -> None:
+        """The loop's heartbeat: the keeper's liveness, and the figures every :data:`TICK_S`."""
+        self.keeper.alive()
+        now = self._clock()
+        if now >= self._tick_at:
+            self._tick_at = now + min(TICK_S, metrics.EXPORT_INTERVAL_S / 2)
+            metrics.reader_tick(self.spec, self.stats, now=now)
+
+    # ---------------------------------------------------------------- the state machine
     async def open(self) -> None:
-        """``INITIALIZING``: record ``start_position`` on a first open, then fetch the first
-        shard iterator (throttling is retried while the lease is held). Called by
-        :meth:`run` if not called before. Leaves the consumer in ``PROCESSING``, in
-        ``SHARD_ENDED`` for a row already at ``SHARD_END``, or stopping.
+        """Run ``INITIALIZING`` now (:meth:`run` does it if not done before): record
+        ``start_position`` on a first open, then fetch the first shard iterator. Leaves the
+        consumer in ``PROCESSING``, or on its way out (stopped meanwhile, a row already at
+        ``SHARD_END``, a lost lease, a failure kept in :attr:`error`)."""
+        if self.state is ConsumerState.INITIALIZING and self._task is None:
+            await self._advance()
 
-        Raises:
-            LeaseLostError: the lease was taken away meanwhile. StreamError/KinesisError:
-            ``GetShardIterator`` failed and is not transient.
-        """
-        if self.state is not ConsumerState.INITIALIZING or self.reading.fetcher is not None:
-            return
-        spec, store = self.spec, self.keeper.store
-        if self.lease.checkpoint == SHARD_END:  # finished before: nothing to read, let the row go
-            self.reading.fetcher = new_fetcher(spec, self._kinesis, spec.start_at, clock=self._clock)
-            await self.keeper.write("release", lambda lease: store.release(lease))
-            self._to(ConsumerState.SHARD_ENDED)
-            return
-        position = resume_position(self.lease)
-        start = position
-        if position is None:  # a first open: record where, resolved once
-            start = recorded = spec.start_at
-            if start.kind == "LATEST":
-                recorded = StartAt("AT_TIMESTAMP", timestamp_ms=int(time.time() * 1000))
-            at = recorded.to_str()
-            await self.keeper.write("set_start_position", lambda lease: store.set_start_position(lease, at))
-            position = recorded
-        assert start is not None
-        # Opens at `start` (LATEST itself on a first open); an iterator that expires before
-        # any record reopens at the recorded position, never at a later tip.
-        self.reading.fetcher = fetcher = new_fetcher(spec, self._kinesis, start, restart_at=position,
-                                                     clock=self._clock)
-        while not fetcher.has_iterator:
-            await self.reading.pace()
-            if self._stopping():  # stopped (or asked for) before it ever read: nothing to checkpoint
-                return
-            await self.reading.step()
-            self._alive()
-        self._to(ConsumerState.PROCESSING)
-
-    # ---------------------------------------------------------------- run
     async def run(self) -> ConsumerState:
         """Run the lease's life to a terminal state (see :class:`ConsumerState`) and return it.
 
@@ -260,44 +233,67 @@ class ShardConsumer:
         self._task = self.keeper.loop_task = asyncio.current_task()
         self._renew_task = asyncio.create_task(self.keeper.renew_loop(), name=f"renew-{self.spec.shard_id}")
         try:
-            try:
-                await self.open()
-                if self.state is ConsumerState.PROCESSING:
-                    await self._process()
-                await self._finish()
-            except asyncio.CancelledError:
-                if self._stop is None:
-                    raise  # aborted (a SIGKILL in tests): where it stands
-                try:
-                    await self._finish(cancelled=True)
-                except asyncio.CancelledError:  # cancelled again by the stop's deadline: as it stands
-                    await self._finish(cancelled=True)
-            except LeaseLostError:
-                self._to(ConsumerState.LOST)
-            except Exception as e:
-                self.error = e
-                self._request(Stop(StopReason.FAILED, why=repr(e)))
-                self._to(ConsumerState.FAILED)
-                await self._release_after_failure()
-                raise
+            while True:
+                ended = self.state in TERMINAL
+                await self._advance()
+                if ended:
+                    break
         finally:
             await self._end_tasks()
+        if self.error is not None and self.state is ConsumerState.FAILED:
+            raise self.error
         return self.state
 
-    async def _finish(self, *, cancelled: bool = False) -> None:
-        """Leave a live state as the stop says: lost, shut down (release or hand over), or ended."""
+    async def _advance(self) -> None:
+        """Run the current state's task, then move as :data:`BEHAVIOURS` says for the stop in force."""
+        behaviour = BEHAVIOURS[self.state]
+        if behaviour.task is not None:
+            await self._run_task(behaviour.task)
+        if behaviour.next:
+            reason = None if self._stop is None else self._stop.reason
+            if reason not in behaviour.next:
+                raise AssertionError(f"shard {self.spec.shard_id}: {self.state.name} ended with no stop")
+            self._to(behaviour.next[reason])
+
+    async def _run_task(self, name: str) -> None:
+        """Run one state's task; what ends it becomes the stop (a lost lease, a failure)."""
+        try:
+            await getattr(self, name)()
+        except asyncio.CancelledError:
+            stop = self._stop
+            if stop is None:
+                raise  # aborted where it stands (what a SIGKILL does)
+            if self.state is ConsumerState.SHUTTING_DOWN and stop.reason in (_R.REQUESTED, _R.HANDOFF, _R.SHARD_END):
+                log.warning("shard %s: stopped before the lease was let go (%s); the lease will expire",
+                            self.spec.shard_id, stop.reason.value)
+                self._stop = Stop(StopReason.REQUESTED, release=False, why="cancelled while letting the lease go")
+        except LeaseLostError as e:
+            self._request(Stop(StopReason.LEASE_LOST, why=str(e)))
+        except Exception as e:
+            self._request(Stop(StopReason.FAILED, why=repr(e)))
+            if self._stop is not None and self._stop.reason is StopReason.FAILED:
+                self.error = e
+            else:
+                log.info("shard %s: %r after the lease was lost", self.spec.shard_id, e)
+
+    async def initialize(self) -> None:
+        """``INITIALIZING``'s task (:func:`.tasks.initialize`)."""
+        stop = await tasks.initialize(self.spec, self._kinesis, self.keeper, self.reading, clock=self._clock,
+                                      wall_clock=self._wall_clock, stopping=self._stopping, alive=self._alive)
+        if stop is not None:
+            self._request(stop)
+
+    async def shut_down(self) -> None:
+        """``SHUTTING_DOWN``'s task (:func:`.tasks.shut_down`): let the lease go as the stop says."""
         stop = self._stop
-        if self.state.terminal or stop is None:
-            return
-        if stop.reason is StopReason.LEASE_LOST:
-            self._to(ConsumerState.LOST)
-        elif cancelled and self.state is ConsumerState.SHUTTING_DOWN:
-            log.warning("shard %s: stopped before the %s was confirmed; the lease will expire", self.spec.shard_id,
-                        "hand-over" if stop.reason is StopReason.HANDOFF else "release")
-            self._to(ConsumerState.CLOSED)
-        else:
-            self._to(ConsumerState.SHUTTING_DOWN)
-            await self._shut_down(stop)
+        assert stop is not None
+        ended = await tasks.shut_down(stop, self.spec, self.keeper, self.checkpoints, self._io, self.stats)
+        if self._stop is stop:
+            self._stop = ended
+
+    async def leave_after_failure(self) -> None:
+        """``FAILED``'s task (:func:`.tasks.leave_after_failure`)."""
+        await tasks.leave_after_failure(self.spec, self.keeper, self.checkpoints)
 
     async def _end_tasks(self) -> None:
         self.reading.close()
@@ -310,113 +306,121 @@ class ShardConsumer:
         if self._seek is not None and not self._seek[1].done():
             self._seek[1].set_result(None)
 
-    async def _process(self) -> None:
-        """``PROCESSING``: fetch -> deliver -> acknowledge -> checkpoint, until stopped or shard end:
-        :func:`~.prefetch.process_one_lane`, or with lanes, a window or a byte limit
-        :func:`~.lanes.process_in_lanes` (both fetch the next response while one is delivered)."""
-        if self.delivery.gathers:
-            await process_in_lanes(self)
-        else:
-            await process_one_lane(self)
+    # ---------------------------------------------------------------- PROCESSING
+    async def process(self) -> None:
+        """``PROCESSING``'s task: the read loop (see the module docstring), until a stop. Once
+        the shard is read to its end and every record acknowledged it stops with ``SHARD_END``.
 
-    async def _shard_end(self) -> None:
-        self.checkpoints.clear()  # SHARD_END is past every acknowledged record
-        store = self.keeper.store
-        await self.keeper.write("checkpoint SHARD_END", lambda lease: store.checkpoint(lease, SHARD_END))
-        self.stats["checkpoint"] = SHARD_END
-        await self.keeper.write("release", lambda lease: store.release(lease))
-        self._to(ConsumerState.SHARD_ENDED)
-        log.info("shard %s: read to its end; SHARD_END written, lease released", self.spec.shard_id)
-
-    # ---------------------------------------------------------------- SHUTTING_DOWN
-    async def _shut_down(self, stop: Stop) -> None:
-        """Checkpoint what was acknowledged, then hand the lease to the asker, or release it
-        (unless asked to keep it)."""
-        try:  # close and handoff: the acknowledged records are checkpointed first
-            await self.checkpoints.flush()
-        except LeaseLostError:
-            self._to(ConsumerState.LOST)
-            return
-        except KinesisError as e:
-            log.warning("shard %s: the last checkpoint failed (%s)", self.spec.shard_id, e)
-        if stop.reason is StopReason.REQUESTED and not stop.release:
-            self._to(ConsumerState.CLOSED)
-            return
-        store, handoff = self.keeper.store, stop.to if stop.reason is StopReason.HANDOFF else None
+        Raises:
+            SinkError: a batch failed for good (nothing is checkpointed past it).
+            LeaseLostError: the lease was lost. KinesisError: the fetcher's call failed for good.
+        """
+        lanes, reading = self._lanes, self.reading
         try:
-            if handoff is not None:
-                handoff = await self._current_asker(handoff)
-            if handoff is not None:
-                to = handoff
-                await self.keeper.write("hand-over", lambda lease: store.hand_over(lease, to=to))
-                self._to(ConsumerState.HANDED_OVER)
-                log.info("shard %s: handed over to %s at checkpoint %s", self.spec.shard_id, to,
-                         self.lease.checkpoint)
-                return
-            await self.keeper.write("release", lambda lease: store.release(lease))
-        except LeaseLostError:
-            self._to(ConsumerState.LOST)
-            return
-        except KinesisError as e:
-            log.warning("shard %s: %s failed (%s); the lease will expire", self.spec.shard_id,
-                        "hand-over" if handoff else "release", e)
-        self._to(ConsumerState.CLOSED)
+            while True:
+                self._alive()
+                if self._stop is not None:
+                    await reading.end(wait_for_call=False)
+                    await self._settle()
+                    return
+                if self._seek is not None:
+                    await self._apply_seek()
+                    continue
+                await self._flush_due()
+                lanes.dispatch()
+                if lanes.idle:  # nothing to deliver meanwhile: fetch inline
+                    got = await reading.next()
+                else:
+                    if lanes.can_fetch():
+                        reading.start()
+                    due = lanes.due_in()
+                    await lanes.wait(self._step_s if due is None else min(due, self._step_s), also=reading.task)
+                    got = reading.take()
+                if got is None:
+                    continue
+                self._took(got)
+                if got.shard_end and await self._drained():
+                    self._request(Stop(StopReason.SHARD_END, why="read to its end"))
+                    return
+        finally:
+            await reading.end(wait_for_call=False)
+            await lanes.cancel()
 
-    async def _release_after_failure(self) -> None:
+    def _took(self, got: Fetched) -> None:
+        """A fetched response: its lag, its bytes to give back later, its records to the lanes."""
+        records = got.records
+        lag = got.millis_behind_latest
+        if len(records):
+            last = records[-1]
+            arrival = last.arrival_epoch_s
+            if arrival is not None:  # emulators report 0 or a gap between records: the newest record's age is honest
+                age = int((self._wall_clock() - arrival) * 1000)
+                lag = max(int(lag or 0), age) if lag else age
+            self._responses.append((last.position, got.bytes))
+            self._lanes.add(records)
+        self.stats["millis_behind_latest"] = lag
+
+    async def _settle(self) -> None:
+        """Wait (alive) until no batch is in flight; the stop's grace cancels this wait."""
+        while self._lanes.in_flight:
+            self._alive()
+            await self._lanes.wait(self._step_s)
+
+    async def _drained(self) -> bool:
+        """Shard end: deliver everything held and wait until every batch is acknowledged; True
+        once they are (False if stopped or asked to seek meanwhile).
+
+        Raises:
+            The error of a batch that failed.
+        """
+        lanes = self._lanes
+        while not lanes.idle and not self._interrupted():
+            self._alive()
+            lanes.dispatch(force=True)
+            await lanes.wait(self._step_s)
+        return lanes.idle and not self._interrupted()
+
+    async def _apply_seek(self) -> None:
+        """End the fetch and the batches in flight, drop what is held, then :func:`.tasks.seek`."""
+        await self.reading.end()
+        await self._settle()
+        await self._lanes.cancel()
+        self._responses.clear()
+        assert self._seek is not None
+        (position, applied), self._seek = self._seek, None
         try:
-            if self.keeper.lost is None:
-                await self.checkpoints.flush()
-                await self.keeper.write("release", lambda lease: self.keeper.store.release(lease))
-        except Exception as e:  # best effort after a fatal error: logged, the lease expires
-            log.info("shard %s: release after the failure did not happen (%r); the lease will expire",
-                     self.spec.shard_id, e)
+            await tasks.seek(position, self.spec, self.keeper, self.checkpoints, self.reading, self.stats)
+        finally:
+            if not applied.done():
+                applied.set_result(None)
 
-    async def _current_asker(self, asker: str) -> str | None:
-        """Who asks for this lease now: the asker may have withdrawn (it closed) or been
-        replaced by another since the write that told us. None: release instead."""
-        spec = self.spec
-        try:
-            row = await self._io.store(self.keeper.store.get, spec.stream, spec.shard_id)
-        except Exception:  # the store unreadable now: the hand-over write (fenced) will find out
-            return asker
-        if row is None or row.owner != spec.owner_id or row.counter != self.lease.counter:
-            return asker  # the hand-over write will find out
-        return row.next_owner if row.next_owner != spec.owner_id else None
+    async def _sink(self, records: Sequence[Record]) -> Any:
+        """The sink call: the lease is confirmed first (renewed when in doubt)."""
+        await self.keeper.confirm()
+        return await self._deliver(records)
 
-    # ---------------------------------------------------------------- delivery
-    def _alive(self) -> None:
-        self.keeper.alive()
-        reader_tick(self.spec, self.stats, now=self._clock())  # metrics: per step, rate-limited (injected clock)
-
-    async def _deliver_and_checkpoint(self, batch: Sequence[Record]) -> None:
-        """The one place a batch goes downstream (one lane, no window): through the
-        :class:`BatchDelivery` (which confirms the lease before each sink call), checkpointing
-        each acknowledged prefix it reports (a partial acknowledgement moves it mid-batch)."""
-        if not batch:
-            return
-        done = 0
-
-        async def on_ack(n: int) -> None:
-            nonlocal done
-            self._count_acked(batch[done:n])
-            done = n
-            await self._checkpoint_after(batch[n - 1], partial=n < len(batch))
-
-        await self.delivery.deliver(batch, on_ack)
-        self.stats["batches"] += 1
-
-    def _count_acked(self, records: Sequence[Record]) -> int:
-        """Count acknowledged records in the stats; their payload bytes."""
-        nbytes = payload_bytes(records)
+    def _count_acked(self, records: Sequence[Record]) -> None:
+        """Count acknowledged records in the stats."""
         self.stats["records"] += len(records)
-        self.stats["bytes"] += nbytes
-        return nbytes
+        self.stats["bytes"] += payload_bytes(records)
 
-    async def _checkpoint_after(self, last: Record, *, partial: bool = False) -> None:
-        """``last`` and everything before it is acknowledged: checkpoint it (when due; at once
-        after a ``partial`` acknowledgement of a batch)."""
+    async def _checkpoint_after(self, last: Record, partial: bool = False) -> None:
+        """Every record up to ``last`` is acknowledged: give back the bytes of the responses it
+        completes, and checkpoint it (when due; at once after a ``partial`` acknowledgement of
+        a batch, whose rest is retried)."""
         self.checkpoints.acknowledged(last.sequence_number, last.sub_sequence_number, partial=partial)
-        await self.checkpoints.flush(due_only=True)
+        responses = self._responses
+        if responses:
+            position = last.position
+            while responses and responses[0][0] <= position:
+                self.reading.give_back(responses.popleft()[1])
+        await self._flush_due()
+
+    async def _flush_due(self) -> None:
+        """Write the acknowledged position if due; one flush at a time (the loop and its
+        lanes run as separate tasks, and two flushes of one position would write it twice)."""
+        async with self._flush_lock:
+            await self.checkpoints.flush(due_only=True)
 
     # ---------------------------------------------------------------- control
     async def stop(self, *, release: bool = True, grace_s: float = 5.0) -> None:
@@ -441,7 +445,7 @@ class ShardConsumer:
                         STOP_SLACK_S)
 
     async def seek(self, position: StartAt) -> None:
-        """Reopen at ``position`` after the batch in flight; the checkpoint is cleared and
+        """Reopen at ``position`` after the batches in flight; the checkpoint is cleared and
         ``start_position`` rewritten (the one allowed move backwards). Returns once applied
         (or the consumer ended), within ``max(5 s, lease_duration_s)``."""
         task = self._task
@@ -452,22 +456,3 @@ class ShardConsumer:
             self._seek[1].set_result(None)  # superseded
         self._seek = (position, applied)
         await wait_first({applied, task}, max(5.0, self.spec.lease_duration_s), self._sleep)
-
-    async def _apply_seek(self) -> None:
-        """Apply the asked seek: records fetched and not acknowledged are dropped (their
-        budget bytes given back; the caller has ended any fetch in flight), the start
-        position is rewritten (fenced), the checkpoint cleared, the fetcher reopened there."""
-        self.reading.give_back()
-        fetcher = self.reading.fetcher
-        assert self._seek is not None and fetcher is not None
-        (position, applied), self._seek = self._seek, None
-        try:
-            at = position.to_str()
-            await self.keeper.write("seek", lambda lease: self.keeper.store.set_start_position(lease, at))
-            self.checkpoints.clear()
-            self.stats["checkpoint"] = None
-            fetcher.seek(position)
-            log.info("shard %s: seek to %s", self.spec.shard_id, position)
-        finally:
-            if not applied.done():
-                applied.set_result(None)

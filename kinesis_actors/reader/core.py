@@ -6,18 +6,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
-from ..clock import cpu_s
+from ..clock import cpu_s, monotonic_s
 from ..errors import InvalidError
 from ..leases.protocol import Lease, LeaseStore
 from ..load.meter import LoadFigures
 from ..metrics import reader_load_tick
 from ..records import StartAt
 from .consumer import STOP_SLACK_S, ShardConsumer
-from .io import ByteBudget, ReaderIo
+from .io import ReaderIo
+from .reading import ByteBudget
 from .spec import DEFAULT_MAX_BUFFERED_BYTES, Deliver, ReaderSpec, Sleep
 from .states import ConsumerState
 from .timers import wait_all, wait_event
@@ -56,10 +56,12 @@ class ShardReaderCore:
     :meth:`add` also says how far a new consumer got (``"processing"``: its first
     iterator is held).
 
-    Per-shard cost in this process: two asyncio tasks (the loop and its renew task), one
+    Per-shard cost in this process: two asyncio tasks (the loop and its renew task), and
+    while records flow one more per fetch ahead and per batch in flight; one
     :class:`~kinesis_actors.kinesis.ShardFetcher` and its stats; no thread and no
     connection of its own (the :class:`ReaderIo` pools are per process), at most one
-    unacknowledged batch, and bytes counted in the process's :class:`ByteBudget`.
+    unacknowledged batch (``parallelization_factor`` with lanes), and bytes counted in the
+    process's :class:`ByteBudget`.
 
     Args:
         store: the lease store (blocking calls).
@@ -81,7 +83,7 @@ class ShardReaderCore:
 
     def __init__(self, *, store: LeaseStore, deliver: Deliver, kinesis: Any,
                  max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES, io: ReaderIo | None = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Sleep = asyncio.sleep,
+                 clock: Callable[[], float] = monotonic_s, sleep: Sleep = asyncio.sleep,
                  load_window_s: float = 10.0, cpu_time: Callable[[], float] = cpu_s) -> None:
         self._store = store
         self._deliver = deliver
@@ -91,7 +93,7 @@ class ShardReaderCore:
         self._sleep = sleep
         self.budget = ByteBudget(max_buffered_bytes, sleep=sleep)
         self._consumers: dict[str, ShardConsumer] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks: dict[str, asyncio.Task[ConsumerState]] = {}
         self._events: list[ShardEvent] = []
         self._events_changed: asyncio.Event | None = None
         self._ended: dict[str, dict[str, Any]] = {}  # last stats of consumers that ended (bounded below)
@@ -137,9 +139,13 @@ class ShardReaderCore:
                                  budget=self.budget, clock=self._clock, on_open=on_open, lease_age_s=lease_age_s,
                                  sleep=self._sleep)
         self._consumers[shard_id] = consumer
-        task = asyncio.create_task(self._run(consumer), name=f"shard-{shard_id}")
+        # The consumer's run() is the task itself (no wrapper coroutine resumed at every step);
+        # what the process keeps of it is settled by a callback once it ends.
+        task: asyncio.Task[ConsumerState] = asyncio.create_task(consumer.run(), name=f"shard-{shard_id}")
+        task.add_done_callback(lambda done: self._ended_run(consumer, done))
         self._tasks[shard_id] = task
-        await asyncio.wait({task, opened}, return_when=asyncio.FIRST_COMPLETED)
+        either: list[asyncio.Future[Any]] = [task, opened]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if opened.done():
             return ShardEvent(shard_id, ConsumerState.PROCESSING, checkpoint=consumer.lease.checkpoint)
         return self._event_of(consumer)
@@ -148,22 +154,20 @@ class ShardReaderCore:
     def _event_of(consumer: ShardConsumer) -> ShardEvent:
         return ShardEvent(consumer.spec.shard_id, consumer.state, consumer.error, consumer.lease.checkpoint)
 
-    async def _run(self, consumer: ShardConsumer) -> None:
+    def _ended_run(self, consumer: ShardConsumer, task: asyncio.Task[ConsumerState]) -> None:
+        """A consumer's run ended (a terminal state, a failure, or cancelled): report it once,
+        keep its last stats (bounded), forget it. Runs before anyone awaiting the task resumes
+        (the first of its done callbacks)."""
         shard_id = consumer.spec.shard_id
-        try:
-            await consumer.run()
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # FAILED: the consumer kept the error
-            log.error("shard %s: read loop failed: %r", shard_id, e)
-        finally:
-            self._consumers.pop(shard_id, None)
-            self._tasks.pop(shard_id, None)
-            self._ended[shard_id] = dict(consumer.stats)
-            while len(self._ended) > 4 * max(1, len(self._consumers)) + 64:
-                self._ended.pop(next(iter(self._ended)))
-            self._events.append(self._event_of(consumer))
-            self._changed().set()
+        if not task.cancelled() and task.exception() is not None:  # FAILED: the consumer kept the error
+            log.error("shard %s: read loop failed: %r", shard_id, task.exception())
+        self._consumers.pop(shard_id, None)
+        self._tasks.pop(shard_id, None)
+        self._ended[shard_id] = dict(consumer.stats)
+        while len(self._ended) > 4 * max(1, len(self._consumers)) + 64:
+            self._ended.pop(next(iter(self._ended)))
+        self._events.append(self._event_of(consumer))
+        self._changed().set()
 
     async def events(self, timeout_s: float) -> list[ShardEvent]:
         """The terminal states reported since the last call; waits up to ``timeout_s``

@@ -1,32 +1,48 @@
-"""The delivery seam: how a consumer hands one batch downstream (INTERFACES.md item 8).
+"""The delivery seam: the delivery controls of one consumer, wired in one place.
 
-A consumer gives each batch to ONE :class:`BatchDelivery` and checkpoints what it says
-(``on_ack``); the delivery controls (kinesis_actors.delivery: retries and their backoff,
-partial acknowledgement, bisection, record age, filter, dead letters, batching and
-parallel lanes) are wired here and nowhere else.
+:class:`BatchDelivery` builds the consumer's :class:`~kinesis_actors.delivery.DeliveryEngine`
+(retries and their backoff, partial acknowledgement, bisection, record age, filter, dead
+letters) around the consumer's sink call, and its
+:class:`~kinesis_actors.delivery.ShardPipeline` when batches are gathered (parallel lanes,
+a window, a byte limit).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from ..delivery import DeadLetterWriter, DeliveryEngine, DeliveryResult, ShardPipeline
+from ..clock import monotonic_s, wall_s
+from ..delivery import DeadLetterWriter, DeliveryEngine, DeliveryResult, Lanes, OneLane, ShardPipeline
 from ..delivery.engine import SINK_BACKOFF
+from ..kinesis import Fetched
 from ..records import Record
 from .spec import Deliver, ReaderSpec, Sleep
 from .timers import wait_first
 
-__all__ = ["BatchDelivery", "DeliveryResult", "SINK_BACKOFF"]  # DeliveryResult, SINK_BACKOFF: kinesis_actors.delivery
+# DeliveryResult, SINK_BACKOFF: kinesis_actors.delivery's
+__all__ = ["BatchDelivery", "Checkpoint", "DeliveryResult", "SINK_BACKOFF"]
 
 log = logging.getLogger("kinesis_actors.reader")
 T = TypeVar("T")
 
+
+class Checkpoint(Protocol):
+    """``async checkpoint(last, partial=False)``: every record up to ``last`` is acknowledged
+    (``partial``: the rest of its batch is retried)."""
+
+    def __call__(self, last: Record, partial: bool = False) -> Awaitable[None]: ...
+
+
+def _materialize(got: Fetched) -> None:
+    """Build a response's Record objects (its batch keeps them)."""
+    got.records.records()
+
+
 class BatchDelivery:
-    """Delivers one consumer's batches under the delivery controls (``spec.controls``).
+    """The delivery controls of one consumer (``spec.controls``).
 
     The retry, partial-acknowledgement, bisection, record-age and filter rules are the
     :class:`~kinesis_actors.delivery.DeliveryEngine`'s (retries wait
@@ -34,37 +50,37 @@ class BatchDelivery:
     :class:`~kinesis_actors.delivery.DeadLetterWriter` (one JSON document per record,
     retried until written). With ``parallelization_factor > 1``, a window or a byte limit,
     batches are gathered and delivered by a :class:`~kinesis_actors.delivery.ShardPipeline`
-    (:meth:`pipeline`). While it waits on the sink or on a backoff, ``alive()`` is called at
-    least every ``renew_interval_s / 2`` seconds: a slow or failing downstream keeps the lease.
+    (:meth:`lanes`). While it waits on a dead-letter write or a backoff, ``alive()`` is
+    called at least every ``renew_interval_s / 2`` seconds.
 
     Args:
         spec: the consumer's :class:`ReaderSpec` (``controls``, ``renew_interval_s``).
-        deliver: the sink's ``async deliver(records)``; returning acknowledges the batch.
+        deliver: the sink call ``async deliver(records)``; returning acknowledges the batch
+            (the consumer's, which confirms its lease first).
         dead_letter: a Publisher (``put_many([(data, partition_key)])``, blocking) or None
             (default: ``spec.controls.dead_letter``).
         run_blocking: ``async run_blocking(fn, *args)``: where the blocking publish runs
             (the reader's Kinesis pool).
-        clock: monotonic seconds. sleep: ``async sleep`` on that clock.
+        clock: monotonic seconds. wall_clock: epoch seconds (record ages, windows).
+        sleep: ``async sleep`` on ``clock``.
         alive: called while waiting (the consumer's heartbeat).
         rng: uniform [0, 1) for the backoff jitter.
         stats: the consumer's stats (the controls' counters go there).
-        confirm: ``async confirm()`` before every sink call (the consumer's lease check).
     """
 
     def __init__(self, spec: ReaderSpec, deliver: Deliver, *, dead_letter: Any = None,
-                 run_blocking: Callable[..., Awaitable[Any]] | None = None, clock: Callable[[], float] = time.monotonic,
-                 sleep: Sleep = asyncio.sleep, alive: Callable[[], None] = lambda: None,
-                 rng: Callable[[], float] | None = None, stats: dict[str, Any] | None = None,
-                 confirm: Callable[[], Awaitable[None]] | None = None) -> None:
+                 run_blocking: Callable[..., Awaitable[Any]] | None = None, clock: Callable[[], float] = monotonic_s,
+                 wall_clock: Callable[[], float] = wall_s, sleep: Sleep = asyncio.sleep,
+                 alive: Callable[[], None] = lambda: None, rng: Callable[[], float] | None = None,
+                 stats: dict[str, Any] | None = None) -> None:
         self.spec = spec
         self.controls = controls = spec.controls
-        self._deliver = deliver
         self._run_blocking = run_blocking if run_blocking is not None else asyncio.to_thread
         self._clock = clock
+        self._wall_clock = wall_clock
         self._sleep = sleep
         self._alive = alive
         self.stats: dict[str, Any] = stats if stats is not None else {}
-        self._confirm = confirm
         publisher = dead_letter if dead_letter is not None else controls.dead_letter
         writer = None
         if publisher is not None:
@@ -72,8 +88,8 @@ class BatchDelivery:
                 await self.await_alive(self._run_blocking(publisher.put_many, items))
 
             writer = DeadLetterWriter(publish, sleep=self.sleep_alive, stats=self.stats, rng=rng)
-        self.engine = DeliveryEngine(controls, self._sink, dead_letters=writer, shard_id=spec.shard_id,
-                                     sleep=self.sleep_alive, wall_clock=time.time, stats=self.stats, rng=rng)
+        self.engine = DeliveryEngine(controls, deliver, dead_letters=writer, shard_id=spec.shard_id,
+                                     sleep=self.sleep_alive, wall_clock=wall_clock, stats=self.stats, rng=rng)
 
     @property
     def failures(self) -> int:
@@ -86,31 +102,30 @@ class BatchDelivery:
         c = self.controls
         return c.parallelization_factor > 1 or c.gathers or c.max_batch_bytes is not None
 
-    async def _sink(self, records: Sequence[Record]) -> Any:
-        if self._confirm is not None:
-            await self._confirm()
-        return await self.await_alive(self._deliver(records))
-
-    async def deliver(self, batch: Sequence[Record], on_ack: Callable[[int], Awaitable[None]] | None = None
-                      ) -> DeliveryResult:
-        """Deliver ``batch`` until every record is done (delivered, filtered or dead-lettered).
+    def lanes(self, checkpoint: Checkpoint, acked: Callable[[Sequence[Record]], object], *, sleep: Sleep) -> Lanes:
+        """The lanes of this shard, which the read loop drives: a :class:`ShardPipeline` when
+        batches are gathered (:attr:`gathers`: up to ``parallelization_factor`` in flight),
+        else a :class:`OneLane` (one batch in flight, at most ``batch_limit`` records).
 
         Args:
-            on_ack: awaited with ``n`` each time records ``[0, n)`` become done (checkpoint them).
-
-        Raises:
-            SinkError: a record given up with no dead-letter stream (it names the shard and
-                sequence number; the cause chained), a filter that raised, a dead letter that
-                cannot be written.
-            asyncio.CancelledError: cancelled; what ``on_ack`` said stands.
+            checkpoint: ``async checkpoint(record, partial=False)``: every record up to it is
+                acknowledged (``partial``: the rest of its batch is retried).
+            acked: called with records once they are acknowledged (the counters).
+            sleep: ``async sleep`` on the injected clock (the lanes' waits).
         """
-        return await self.engine.deliver(batch, on_ack)
+        if self.gathers:
+            return ShardPipeline(self.controls, self.engine.deliver, checkpoint, max_records=self.spec.max_records,
+                                 clock=self._clock, acked=acked, stats=self.stats, wall_clock=self._wall_clock)
+        return OneLane(self.engine.deliver, checkpoint, acked, size=self.controls.batch_limit(self.spec.max_records),
+                       refill_below=self.spec.max_records, sleep=sleep, stats=self.stats)
 
-    def pipeline(self, checkpoint: Callable[[Record], Awaitable[None]],
-                 acked: Callable[[Sequence[Record]], object]) -> ShardPipeline:
-        """The lanes of this shard: gather, up to ``parallelization_factor`` batches in flight."""
-        return ShardPipeline(self.controls, self.engine.deliver, checkpoint, max_records=self.spec.max_records,
-                             clock=self._clock, acked=acked, stats=self.stats, wall_clock=time.time)
+    @property
+    def prepare(self) -> Callable[[Fetched], object] | None:
+        """What runs on each fetched response in the fetch's pool thread: with gathered batches,
+        building its :class:`~kinesis_actors.records.Record` objects (the pipeline splits
+        records by partition key and tracks each one's position, and the build there does not
+        hold up the other shards' event loop); None with one lane (records stay compact)."""
+        return _materialize if self.gathers else None
 
     async def await_alive(self, awaitable: Awaitable[T]) -> T:
         """Await ``awaitable`` while calling ``alive()`` every ``renew_interval_s / 2`` seconds

@@ -1,5 +1,6 @@
-"""What the consumers of one reader process share: the thread pools (:class:`ReaderIo`), the
-Kinesis call limit (:class:`CallLimit`) and the byte budget (:class:`ByteBudget`)."""
+"""Where the blocking calls of one reader process run: the thread pools (:class:`ReaderIo`) and
+the Kinesis call limit (:class:`CallLimit`). The byte budget the consumers share is
+:class:`~.reading.ByteBudget`."""
 
 from __future__ import annotations
 
@@ -9,17 +10,15 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ..clock import monotonic_s
 from ..config import DEFAULT_MAX_SHARDS_PER_READER
-from ..errors import InvalidError
-from ..kinesis import GET_RECORDS_MAX_BYTES
 from .spec import DEFAULT_THREADS, Sleep
 from .timers import wait_first
 
-__all__ = ["CallLimit", "ReaderIo", "ByteBudget", "ToThreadIo", "STUCK_CALL_S"]
+__all__ = ["CallLimit", "ReaderIo", "ToThreadIo", "STUCK_CALL_S"]
 
 log = logging.getLogger("kinesis_actors.reader")
 T = TypeVar("T")
@@ -63,7 +62,7 @@ class CallLimit:
     """
 
     def __init__(self, maximum: int, *, minimum: int = 1, stuck_after_s: float = STUCK_CALL_S,
-                 clock: Callable[[], float] = time.monotonic,
+                 clock: Callable[[], float] = monotonic_s,
                  sleep: Sleep = asyncio.sleep) -> None:
         self.maximum = maximum
         self.minimum = minimum
@@ -186,7 +185,7 @@ class ReaderIo:
     """
 
     def __init__(self, *, kinesis_threads: int = DEFAULT_THREADS, store_threads: int = DEFAULT_THREADS,
-                 stream_threads: int = DEFAULT_MAX_SHARDS_PER_READER, clock: Callable[[], float] = time.monotonic,
+                 stream_threads: int = DEFAULT_MAX_SHARDS_PER_READER, clock: Callable[[], float] = monotonic_s,
                  sleep: Sleep = asyncio.sleep) -> None:
         self.kinesis_threads = kinesis_threads
         self.store_threads = store_threads
@@ -224,132 +223,6 @@ class ReaderIo:
         self._kinesis.shutdown(wait=False, cancel_futures=True)
         self._store.shutdown(wait=False, cancel_futures=True)
         self._streams.shutdown(wait=False, cancel_futures=True)
-
-
-class ByteBudget:
-    """Bytes of fetched, unacknowledged records in one reader process, bounded.
-
-    A fetch reserves the most one ``GetRecords`` response can carry (``max_response``,
-    10 MiB on AWS) before it starts; its answer turns the reservation into what it
-    really holds; acknowledging (or dropping) the records gives the bytes back. A fetch
-    is admitted while ``used + reserved + max_response <= limit``, or, when nothing is in
-    flight, while ``used < limit``. Hence ``used + reserved`` never exceeds ``limit +
-    max_response``: the budget plus one response, whatever the number of shards
-    (compare KCL's ``maxByteSize``, which bounds each shard's prefetch queue instead).
-
-    Fetches that find no room queue in arrival order and are granted room in that order:
-    bytes given back reserve room for the waiters at the head of the queue (as many as the
-    room admits) before they run, so a fetch that arrives later, or a fetcher that has
-    just come back from the tip, never takes the room a queued fetch was waiting for.
-    A shard therefore waits for at most the fetches queued before it, however many
-    shards poll at the tip (with a waiter that re-queued at each heartbeat, shards that
-    had not fetched yet could starve behind those cycling at the tip).
-
-    Bytes are counted as :func:`~kinesis_actors.kinesis.record_bytes` (payload and
-    partition key), not Python object overhead.
-
-    Args:
-        limit: the budget, bytes (> 0).
-        max_response: the largest response one fetch may bring, bytes.
-        sleep: ``async sleep`` on the injected clock (the heartbeat of :meth:`reserve`).
-
-    Raises:
-        InvalidError: ``limit`` is not a positive int.
-    """
-
-    def __init__(self, limit: int, *, max_response: int = GET_RECORDS_MAX_BYTES, sleep: Sleep = asyncio.sleep) -> None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
-            raise InvalidError(f"max_buffered_bytes must be a positive int, got {limit!r}")
-        self.limit = limit
-        self.max_response = max_response
-        self.used = 0
-        self.reserved = 0
-        self.peak = 0  # most bytes held at once
-        self.waits = 0
-        self._sleep = sleep
-        self._waiters: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
-
-    def _admits(self, amount: int, reserved: int) -> bool:
-        return self.used + reserved + amount <= self.limit or (reserved == 0 and self.used < self.limit)
-
-    def try_reserve(self, amount: int | None = None) -> bool:
-        """Reserve room for one fetch at once if nobody is queued and the rule above admits
-        it; True if it did. ``amount``: the most this fetch may bring, bytes (default
-        ``max_response``)."""
-        amount = self.max_response if amount is None else amount
-        if not self._waiters and self._admits(amount, self.reserved):
-            self.reserved += amount
-            return True
-        return False
-
-    async def reserve(self, amount: int | None = None, *, heartbeat_s: float | None = None,
-                      tick: Callable[[], None] = lambda: None) -> None:
-        """Reserve room for one fetch of ``amount`` bytes (default ``max_response``), queueing
-        in arrival order until it is granted.
-
-        While queued, ``tick()`` is called every ``heartbeat_s`` seconds on the injected
-        clock (None: never); the wait keeps its place in the queue across ticks. Cancelled
-        (or ``tick`` raising), the wait leaves the queue, and room granted in the meantime
-        is given back to the next waiter.
-        """
-        amount = self.max_response if amount is None else amount
-        if self.try_reserve(amount):
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (future, amount)
-        self._waiters.append(entry)
-        self.waits += 1
-        self._grant()
-        try:
-            while not future.done():
-                await wait_first({future}, heartbeat_s, self._sleep)
-                if not future.done():
-                    tick()
-        except BaseException:
-            if future.done() and not future.cancelled():  # granted, but nobody will fetch with it
-                self.reserved -= amount
-                self._grant()
-            else:
-                future.cancel()
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(entry)
-                self._grant()  # a waiter behind this one may fit now
-            raise
-
-    @property
-    def queued(self) -> int:
-        """Fetches waiting for room."""
-        return sum(1 for future, _ in self._waiters if not future.done())
-
-    def _grant(self) -> None:
-        """Reserve room for the waiters at the head of the queue, in arrival order, while the
-        rule admits them; each granted waiter is woken with its room already reserved."""
-        while self._waiters:
-            future, amount = self._waiters[0]
-            if future.done():  # cancelled: its reserve() is leaving
-                self._waiters.popleft()
-                continue
-            if not self._admits(amount, self.reserved):
-                return
-            self._waiters.popleft()
-            self.reserved += amount
-            future.set_result(None)
-
-    def settle(self, nbytes: int, amount: int | None = None) -> None:
-        """A fetch that reserved ``amount`` (default ``max_response``) returned ``nbytes``
-        bytes of records (0 if it failed): now held."""
-        amount = self.max_response if amount is None else amount
-        self.reserved -= amount
-        self.used += nbytes
-        self.peak = max(self.peak, self.used)
-        if nbytes < amount:
-            self._grant()
-
-    def release(self, nbytes: int) -> None:
-        """``nbytes`` of held records were acknowledged or dropped."""
-        if nbytes:
-            self.used -= nbytes
-            self._grant()
 
 
 class ToThreadIo:

@@ -1,27 +1,39 @@
-"""One consumer's read path: pacing, the byte budget and where each fetcher step runs.
+"""One consumer's fetches and the bytes they hold: :class:`Reading` and the process's :class:`ByteBudget`.
 
-Fetched records wait for their acknowledgement inside the process's
-:class:`~.io.ByteBudget`: a step reserves room before it calls AWS, its answer turns the
-reservation into what it holds, and :meth:`Reading.give_back` returns the bytes once the
-records are acknowledged or dropped. A step runs where its :class:`~.fetcher.Fetcher`
-says (:attr:`~.fetcher.Fetcher.io_kind`): a poll within the process's call limit, an
-open outside it, a subscription read in the subscription pool.
+Fetched records wait for their acknowledgement inside the process's :class:`ByteBudget`: a
+fetch reserves room before it calls AWS, its answer turns the reservation into what it
+holds, and :meth:`Reading.give_back` returns the bytes once the records are acknowledged
+or dropped. A step runs where its :class:`~.fetcher.Fetcher` says
+(:attr:`~.fetcher.Fetcher.io_kind`): a poll within the process's call limit, an open
+outside it, a subscription read in the subscription pool.
+
+:class:`Reading` holds at most one fetch of the shard in flight as an asyncio task
+(:meth:`Reading.start`), so the shard's next response is read while the current one is
+delivered, as KCL's prefetching retriever does (one response ahead). A fetch nothing
+overlaps (an idle shard's poll) runs inline, without a task (:meth:`Reading.next`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import threading
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..kinesis import Fetched
+from ..clock import monotonic_s
+from ..errors import InvalidError
+from ..kinesis import GET_RECORDS_MAX_BYTES, Fetched
 from .fetcher import Fetcher
-from .io import ByteBudget, ReaderIo, ToThreadIo
 from .lease import LeaseKeeper
 from .spec import ReaderSpec, Sleep
+from .timers import wait_first
 
-__all__ = ["Reading", "FANOUT_BUDGET_DROP_S"]
+if TYPE_CHECKING:
+    from .io import ReaderIo, ToThreadIo
+
+__all__ = ["Reading", "ByteBudget", "FANOUT_BUDGET_DROP_S"]
 
 FANOUT_BUDGET_DROP_S = 1.0
 """How long an enhanced fan-out loop waits on a full byte budget with its subscription open
@@ -33,16 +45,20 @@ class Reading:
 
     Args:
         spec: the consumer's spec. io: the process's pools. budget: its byte budget or None.
-        keeper: the consumer's lease keeper (a step in flight is tracked there for liveness).
+        keeper: the consumer's lease keeper (a call in flight is tracked there for liveness).
         stats: the consumer's stats (the fetcher's counters land there).
         clock, sleep: the injected clock and ``async sleep``.
-        stopping: True once the consumer stops (pacing then ends early).
+        interrupted: True once the consumer stops or seeks: pacing ends early, and a fetch
+            not yet calling AWS returns None.
         alive: the consumer's heartbeat, called while it waits.
+        prepare: run on each answer in a pool thread after the call, outside the call limit
+            (see :meth:`step`), or None.
     """
 
     def __init__(self, spec: ReaderSpec, io: ReaderIo | ToThreadIo, budget: ByteBudget | None,
-                 keeper: LeaseKeeper, stats: dict[str, Any], *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Sleep, stopping: Callable[[], bool], alive: Callable[[], None]) -> None:
+                 keeper: LeaseKeeper, stats: dict[str, Any], *, clock: Callable[[], float] = monotonic_s,
+                 sleep: Sleep, interrupted: Callable[[], bool], alive: Callable[[], None],
+                 prepare: Callable[[Fetched], object] | None = None) -> None:
         self.spec = spec
         self._io = io
         self._budget = budget
@@ -50,56 +66,104 @@ class Reading:
         self._stats = stats
         self._clock = clock
         self._sleep = sleep
-        self._stopping = stopping
+        self._interrupted = interrupted
         self._alive = alive
+        self._prepare = prepare
+        self._beat_s = max(0.05, spec.renew_interval_s / 2)
         self.fetcher: Fetcher | None = None
         self.held_bytes = 0  # budget bytes of records fetched and not yet acknowledged
+        self.task: asyncio.Task[Fetched | None] | None = None  # the fetch in flight, if any
         self._call: list[float] | None = None  # the step's call: [] while queued, [start] once running
         self._lock = threading.Lock()
         self._abandoned = False
 
-    def abandon(self) -> bool:
-        """Make sure a pending :meth:`fetch` no longer touches the fetcher, so its task may be
-        cancelled (a stop or a seek that must not wait: the byte budget it waits for may only
-        free once its caller goes on). True if no call runs: one queued for a thread now
-        returns None without calling AWS. False if a call already runs in its thread (it
-        cannot be cancelled there; it ends within its socket timeout): wait for it."""
+    # ------------------------------------------------------------ the fetch ahead
+    def start(self) -> None:
+        """Start the next fetch as a task unless one is in flight."""
+        if self.task is None:
+            self.task = asyncio.create_task(self._fetch(), name=f"fetch-{self.spec.shard_id}")
+
+    def take(self) -> Fetched | None:
+        """The answer of the fetch in flight once it ended (None while in flight, with none,
+        or nothing to deliver).
+
+        Raises:
+            What the fetch raised (``KinesisError``, ``LeaseLostError``).
+        """
+        task = self.task
+        if task is None or not task.done():
+            return None
+        self.task = None
+        return task.result()
+
+    async def next(self) -> Fetched | None:
+        """The answer of the fetch in flight once it ends, else of a fetch made now, inline.
+
+        Raises:
+            What the fetch raised (``KinesisError``, ``LeaseLostError``).
+        """
+        task = self.task
+        if task is None:
+            return await self._fetch()
+        try:
+            return await task
+        finally:
+            if task.done():
+                self.task = None
+
+    async def end(self, *, wait_for_call: bool = True) -> None:
+        """Drop the fetch in flight (a stop, a seek, the loop's end). It is cancelled while it
+        is paced, waits for the byte budget (which the caller, waiting here, might never
+        free) or is queued for a thread; a call already running in its thread is waited for
+        (``wait_for_call``: a seek must not race the fetcher) or left to end on its own. Its
+        records are dropped; their bytes go back with the rest (:meth:`give_back`)."""
+        task, self.task = self.task, None
+        if task is None:
+            return
+        if not task.done() and (self._abandon() or not wait_for_call):
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    def _abandon(self) -> bool:
+        """Make sure a pending fetch no longer touches the fetcher, so its task may be
+        cancelled. True if no call runs: one queued for a thread now returns None without
+        calling AWS. False if a call already runs in its thread (it cannot be cancelled
+        there; it ends within its socket timeout)."""
         with self._lock:
             if self._call:
                 return False
             self._abandoned = True
             return True
 
+    # ------------------------------------------------------------ one fetch
     def close(self) -> None:
         """End the fetcher's connection now (from any thread)."""
         if self.fetcher is not None:
             self.fetcher.close()
 
-    async def pace(self) -> None:
-        """Wait until the fetcher's next step is due (alive); ends early once stopping."""
+    async def pace(self, until: Callable[[], bool]) -> None:
+        """Wait until the fetcher's next step is due (alive); ends early once ``until()``."""
         fetcher = self.fetcher
         if fetcher is None:
             return
         end = self._clock() + fetcher.due_in()
-        while (left := end - self._clock()) > 0 and not self._stopping():
-            await self._sleep(min(left, max(0.05, self.spec.renew_interval_s / 2)))
+        while (left := end - self._clock()) > 0 and not until():
+            await self._sleep(min(left, self._beat_s))
             self._alive()
 
-    async def fetch(self, interrupted: Callable[[], bool],
-                    prepare: Callable[[Fetched], object] | None = None) -> Fetched | None:
+    async def _fetch(self) -> Fetched | None:
         """One step of the fetcher, paced, within the byte budget; None if nothing to
-        deliver (or ``interrupted()`` after pacing). ``prepare`` runs on the answer in a pool
-        thread after the call, outside the call limit (see :meth:`step`)."""
+        deliver (or interrupted before the call)."""
         fetcher = self.fetcher
         assert fetcher is not None
-        await self.pace()
-        if interrupted():
+        await self.pace(self._interrupted)
+        if self._interrupted():
             return None
         amount = fetcher.reserve_bytes
         reserved = fetcher.has_iterator and await self._reserve(amount)
         got: Fetched | None = None
         try:
-            got = await self.step(prepare)
+            got = await self.step(self._prepare)
         finally:
             if reserved and self._budget is not None:
                 nbytes = got.bytes if got is not None else 0
@@ -113,11 +177,10 @@ class Reading:
         thread starts it: it must end within its socket timeout.
 
         ``prepare(answer)``, if given, runs in a pool thread after the call, outside the call
-        limit (its slot is free again, and the build is not counted as call time by the stuck
+        limit (its slot is free again, and the work is not counted as call time by the stuck
         detection): per-record work the caller would otherwise do on the event loop, where
         one shard's 10,000-record response blocks every shard of the process for its duration
-        (in a thread the interpreter hands the GIL back to the loop every switch interval,
-        5 ms)."""
+        (in a thread the interpreter hands the GIL back to the loop every switch interval)."""
         fetcher = self.fetcher
         assert fetcher is not None
         started: list[float] = []  # set by the pool's thread when the call begins
@@ -151,6 +214,8 @@ class Reading:
         budget = self._budget
         if budget is None:
             return False
+        if budget.try_reserve(amount):
+            return True
         since = self._clock()
 
         def tick() -> None:
@@ -173,3 +238,129 @@ class Reading:
         if nbytes and self._budget is not None:
             self._budget.release(nbytes)
         self.held_bytes -= nbytes
+
+
+class ByteBudget:
+    """Bytes of fetched, unacknowledged records in one reader process, bounded.
+
+    A fetch reserves the most one ``GetRecords`` response can carry (``max_response``,
+    10 MiB on AWS) before it starts; its answer turns the reservation into what it
+    really holds; acknowledging (or dropping) the records gives the bytes back. A fetch
+    is admitted while ``used + reserved + max_response <= limit``, or, when nothing is in
+    flight, while ``used < limit``. Hence ``used + reserved`` never exceeds ``limit +
+    max_response``: the budget plus one response, whatever the number of shards
+    (compare KCL's ``maxByteSize``, which bounds each shard's prefetch queue instead).
+
+    Fetches that find no room queue in arrival order and are granted room in that order:
+    bytes given back reserve room for the waiters at the head of the queue (as many as the
+    room admits) before they run, so a fetch that arrives later, or a fetcher that has
+    just come back from the tip, never takes the room a queued fetch was waiting for.
+    A shard therefore waits for at most the fetches queued before it, however many
+    shards poll at the tip (with a waiter that re-queued at each heartbeat, shards that
+    had not fetched yet could starve behind those cycling at the tip).
+
+    Bytes are counted as :func:`~kinesis_actors.kinesis.record_bytes` (payload and
+    partition key), not Python object overhead.
+
+    Args:
+        limit: the budget, bytes (> 0).
+        max_response: the largest response one fetch may bring, bytes.
+        sleep: ``async sleep`` on the injected clock (the heartbeat of :meth:`reserve`).
+
+    Raises:
+        InvalidError: ``limit`` is not a positive int.
+    """
+
+    def __init__(self, limit: int, *, max_response: int = GET_RECORDS_MAX_BYTES, sleep: Sleep = asyncio.sleep) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise InvalidError(f"max_buffered_bytes must be a positive int, got {limit!r}")
+        self.limit = limit
+        self.max_response = max_response
+        self.used = 0
+        self.reserved = 0
+        self.peak = 0  # most bytes held at once
+        self.waits = 0
+        self._sleep = sleep
+        self._waiters: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
+
+    def _admits(self, amount: int, reserved: int) -> bool:
+        return self.used + reserved + amount <= self.limit or (reserved == 0 and self.used < self.limit)
+
+    def try_reserve(self, amount: int | None = None) -> bool:
+        """Reserve room for one fetch at once if nobody is queued and the rule above admits
+        it; True if it did. ``amount``: the most this fetch may bring, bytes (default
+        ``max_response``)."""
+        amount = self.max_response if amount is None else amount
+        if not self._waiters and self._admits(amount, self.reserved):
+            self.reserved += amount
+            return True
+        return False
+
+    async def reserve(self, amount: int | None = None, *, heartbeat_s: float | None = None,
+                      tick: Callable[[], None] = lambda: None) -> None:
+        """Reserve room for one fetch of ``amount`` bytes (default ``max_response``), queueing
+        in arrival order until it is granted.
+
+        While queued, ``tick()`` is called every ``heartbeat_s`` seconds on the injected
+        clock (None: never); the wait keeps its place in the queue across ticks. Cancelled
+        (or ``tick`` raising), the wait leaves the queue, and room granted in the meantime
+        is given back to the next waiter.
+        """
+        amount = self.max_response if amount is None else amount
+        if self.try_reserve(amount):
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (future, amount)
+        self._waiters.append(entry)
+        self.waits += 1
+        self._grant()
+        try:
+            while not future.done():
+                await wait_first({future}, heartbeat_s, self._sleep)
+                if not future.done():
+                    tick()
+        except BaseException:
+            if future.done() and not future.cancelled():  # granted, but nobody will fetch with it
+                self.reserved -= amount
+                self._grant()
+            else:
+                future.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(entry)
+                self._grant()  # a waiter behind this one may fit now
+            raise
+
+    @property
+    def queued(self) -> int:
+        """Fetches waiting for room."""
+        return sum(1 for future, _ in self._waiters if not future.done())
+
+    def _grant(self) -> None:
+        """Reserve room for the waiters at the head of the queue, in arrival order, while the
+        rule admits them; each granted waiter is woken with its room already reserved."""
+        while self._waiters:
+            future, amount = self._waiters[0]
+            if future.done():  # cancelled: its reserve() is leaving
+                self._waiters.popleft()
+                continue
+            if not self._admits(amount, self.reserved):
+                return
+            self._waiters.popleft()
+            self.reserved += amount
+            future.set_result(None)
+
+    def settle(self, nbytes: int, amount: int | None = None) -> None:
+        """A fetch that reserved ``amount`` (default ``max_response``) returned ``nbytes``
+        bytes of records (0 if it failed): now held."""
+        amount = self.max_response if amount is None else amount
+        self.reserved -= amount
+        self.used += nbytes
+        self.peak = max(self.peak, self.used)
+        if nbytes < amount:
+            self._grant()
+
+    def release(self, nbytes: int) -> None:
+        """``nbytes`` of held records were acknowledged or dropped."""
+        if nbytes:
+            self.used -= nbytes
+            self._grant()

@@ -43,6 +43,9 @@ class ReaderSpec:
             batch; None writes the checkpoint with the lease's next renewal.
         delivery: the delivery controls (``KinesisStream.delivery_options()``); None: only
             ``max_sink_retries`` and ``dead_letter``.
+        renew_deadline_s: how long after its last successful write a consumer keeps
+            retrying a failing renewal, seconds (derived from the lease timing: the lease
+            duration less one renew interval, at least half the lease duration).
     """
 
     stream: str
@@ -60,6 +63,12 @@ class ReaderSpec:
     consumer_arn: str | None = None
     min_checkpoint_interval_s: float | None = KinesisStream.min_checkpoint_interval_s
     delivery: DeliveryOptions | None = None
+    renew_deadline_s: float = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        duration = self.lease_duration_s
+        deadline = max(duration - max(self.renew_interval_s, 0.1 * duration), 0.5 * duration)
+        object.__setattr__(self, "renew_deadline_s", deadline)
 
     @property
     def controls(self) -> DeliveryOptions:
@@ -73,12 +82,6 @@ class ReaderSpec:
     def call_timeout_s(self) -> float:
         """Connect and read timeout of Kinesis calls, seconds: :func:`kinesis_call_timeout_s`."""
         return kinesis_call_timeout_s(self.lease_duration_s)
-
-    @property
-    def renew_deadline_s(self) -> float:
-        """How long after its last successful write a consumer keeps retrying a failing renewal, seconds."""
-        return max(self.lease_duration_s - max(self.renew_interval_s, 0.1 * self.lease_duration_s),
-                   0.5 * self.lease_duration_s)
 
 
 Deliver = Callable[[Sequence[Record]], Awaitable[Any]]

@@ -1,6 +1,6 @@
 """cluster/prometheus/alerts.yaml and cluster/grafana/: valid, and every metric they query is one the
 library exports, with the labels it carries, compared against the registry in kinesis_actors.metrics;
-the README's metrics table lists that registry, no more, no less (offline, no Ray)."""
+the docs' metrics table (docs/metrics.md) lists that registry, no more, no less (offline, no Ray)."""
 
 from __future__ import annotations
 
@@ -124,8 +124,8 @@ def test_the_dashboard_is_a_grafana_dashboard_for_rays_integration() -> None:
         assert panel["datasource"] == "${datasource}" and panel["targets"], panel["title"]
 
 
-def test_the_readme_metrics_table_lists_the_registry() -> None:
-    readme = (REPO / "README.md").read_text()
+def test_the_docs_metrics_table_lists_the_registry() -> None:
+    readme = (REPO / "docs" / "metrics.md").read_text()
     rows = re.findall(r"^\| `(ray_kinesis_actors_\w+)` \| (counter|gauge) \| ([^|]+) \|", readme, re.MULTILINE)
     table = {name: (kind, tuple(lab.strip(" `") for lab in labels.split(","))) for name, kind, labels in rows}
     assert table == exported()

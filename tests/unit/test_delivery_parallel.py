@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kinesis_actors import SinkError
-from kinesis_actors.delivery import AckTracker, DeliveryOptions, ShardPipeline
+from kinesis_actors.delivery import AckTracker, DeliveryOptions, OneLane, ShardPipeline
 from kinesis_actors.records import Record
 from kinesis_actors.testing import FakeClock
 
@@ -304,34 +304,33 @@ def test_a_partial_ack_mid_round_is_checkpointed_at_once() -> None:
 
 def test_a_lane_that_failed_unseen_is_not_idle_so_shard_end_waits_for_its_error() -> None:
     """The lanes fail while the consumer awaits a fetch; the shard-end response is empty.
-    The pipeline must not look idle (the reader would write SHARD_END past unacknowledged
-    records); the drain loop raises the lane's error instead."""
-    from kinesis_actors.reader.lanes import _drained
-
-    class Consumer:
-        def _alive(self) -> None:
-            pass
-
+    Neither lanes form may look idle (the read loop would write SHARD_END past unacknowledged
+    records); the next dispatch raises the lane's error instead."""
     written: list[tuple[int, int]] = []
 
     async def deliver(batch: Sequence[Record], on_ack: Any) -> None:
         await asyncio.sleep(0)
         raise SinkError("gave up")
 
-    async def checkpoint(r: Record) -> None:
+    async def checkpoint(r: Record, partial: bool = False) -> None:
         written.append(r.position)
 
     async def main() -> None:
-        p = ShardPipeline(DeliveryOptions(parallelization_factor=2), deliver, checkpoint, max_records=100,
-                          clock=FakeClock())
-        p.add([rec(0, key="a"), rec(1, key="b")])
-        assert p.dispatch() == 2
-        await asyncio.sleep(0.01)
-        p.add([])
-        assert not p.idle
-        with pytest.raises(SinkError):
-            await _drained(Consumer(), p, lambda: False, 0.01)  # type: ignore[arg-type]
-        await p.cancel()
+        clock = FakeClock()
+        for lanes in (ShardPipeline(DeliveryOptions(parallelization_factor=2), deliver, checkpoint, max_records=100,
+                                    clock=clock),
+                      OneLane(deliver, checkpoint, lambda records: None, size=100, refill_below=100,
+                              sleep=clock.sleep, stats={})):
+            lanes.add([rec(0, key="a"), rec(1, key="b")])
+            assert lanes.dispatch() >= 1
+            await asyncio.sleep(0.01)
+            lanes.add([])
+            assert not lanes.idle
+            with pytest.raises(SinkError):
+                lanes.dispatch(force=True)
+            with pytest.raises(SinkError):
+                await lanes.wait(0.01)
+            await lanes.cancel()
 
     asyncio.run(main())
     assert written == []

@@ -1,4 +1,4 @@
-"""The lanes loop fetches in the background (kinesis_actors.reader.lanes): the next
+"""With lanes the read loop fetches in the background (kinesis_actors.reader.consumer): the next
 ``GetRecords`` runs while a round is in flight, and a stop or seek never waits on a fetch
 that waits for the byte budget. Fake clock, inline calls, no Ray."""
 
@@ -9,8 +9,7 @@ from typing import Any
 
 from kinesis_actors import StartAt
 from kinesis_actors.delivery import DeliveryOptions
-from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer
-from kinesis_actors.reader.io import ByteBudget
+from kinesis_actors.reader import ByteBudget, ConsumerState, ReaderSpec, ShardConsumer
 from kinesis_actors.testing import FakeClock, FakeShard, InlineIo, InProcessLeaseStore
 
 STREAM, SHARD = "s", "shardId-000000000000"
@@ -96,7 +95,7 @@ def test_records_are_built_in_the_fetch_thread_not_on_the_event_loop(monkeypatch
     import threading
     import time
 
-    from kinesis_actors.reader import lanes
+    from kinesis_actors.reader import delivery as lanes
     from kinesis_actors.reader.io import ToThreadIo
 
     built_on: list[int] = []

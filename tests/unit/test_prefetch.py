@@ -1,5 +1,5 @@
 """The one-lane loop fetches the shard's next response while the current one is delivered
-(kinesis_actors.reader.prefetch), and a stop, a seek or shard end never lets a response
+(kinesis_actors.reader.consumer, .reading), and a stop, a seek or shard end never lets a response
 fetched ahead reach the sink or the checkpoint out of turn. Fake clock, inline calls, no Ray."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ import asyncio
 from typing import Any
 
 from kinesis_actors import StartAt
-from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer
-from kinesis_actors.reader.io import ByteBudget
+from kinesis_actors.reader import ByteBudget, ConsumerState, ReaderSpec, ShardConsumer
 from kinesis_actors.testing import FakeClock, FakeShard, InlineIo, InProcessLeaseStore
 
 STREAM, SHARD = "s", "shardId-000000000000"
@@ -112,7 +111,7 @@ def test_a_seek_drops_the_response_fetched_ahead_and_reads_from_the_new_position
     async def main() -> None:
         task = await fetched_ahead(reader, shard, sink, clock)
         seek = asyncio.create_task(reader.seek(StartAt.at_sequence_number("250")))
-        await clock.until(lambda: reader._seek is not None, within_s=1.0, what="the seek asked")
+        await clock.until(lambda: reader.seeking, within_s=1.0, what="the seek asked")
         sink.gate.set()
         await clock.finish(seek, within_s=5.0)
         await clock.until(lambda: seqs(sink.done)[-1:] == [300], within_s=10.0, what="read to the tip after the seek")

@@ -44,9 +44,10 @@ def test_the_time_prepare_takes_is_not_call_time() -> None:
         io = ReaderIo(kinesis_threads=2, store_threads=1, stream_threads=1, clock=clock)
         keeper = SimpleNamespace(call_started=None, alive=lambda: None)
         reading = Reading(SimpleNamespace(shard_id="sh", renew_interval_s=1.0), io, None, keeper, {},  # type: ignore[arg-type]
-                          clock=clock, sleep=asyncio.sleep, stopping=lambda: False, alive=lambda: None)
+                          clock=clock, sleep=asyncio.sleep, interrupted=lambda: False, alive=lambda: None,
+                          prepare=prepare)
         reading.fetcher = Fetcher()  # type: ignore[assignment]
-        got = await reading.fetch(lambda: False, prepare)
+        got = await reading.next()
         assert got is not None and prepared == [got]
         io.close()
         return set(io.limit.outside_limit)

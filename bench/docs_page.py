@@ -1,0 +1,311 @@
+"""``python -m bench.report --docs``: the site's benchmark page (``docs/benchmarks.md``) and its SVG charts
+(``docs/assets/bench/*.svg``), generated from ``bench/results.json`` and ``bench/chaos.json``.
+
+Nothing on that page is typed by hand: every figure is read from the JSON, and every chart is drawn
+again by matplotlib (Agg backend, SVG, fixed hash salt and no date, so the same JSON gives the same
+bytes). A chart whose figures the JSON lacks is left out, and the page says which.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+from .common import fmt
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+DOCS = os.path.join(ROOT, "docs")
+ASSETS = os.path.join(DOCS, "assets", "bench")
+
+OURS, KCLRS, RAW = "#2f6fd0", "#c77d00", "#7a7a7a"
+
+
+def figures(data: dict[str, Any]) -> dict[str, float]:
+    """Every figure of a results file by name (the last one of a name wins, as the merge keeps it)."""
+    return {f["name"]: f["value"] for f in data.get("figures", []) if f.get("value") is not None}
+
+
+def commit_of(started_utc: str | None) -> str | None:
+    """The commit a run measured: recorded in the run (``commit``), else the one in the name of the
+    ``bench/runs/*.json`` copy that has the same start time (``..._<commit>[_suffix].json``)."""
+    import json
+
+    if not started_utc:
+        return None
+    for path in sorted(glob.glob(os.path.join(BENCH, "runs", "*.json"))):
+        with open(path) as f:
+            run = json.load(f)
+        if run.get("started_utc") == started_utc:
+            m = re.search(r"_([0-9a-f]{7,40})(?:_[a-z0-9]+)?\.json$", os.path.basename(path))
+            return run.get("commit") or (m.group(1) if m else None)
+    return None
+
+
+def provenance(data: dict[str, Any]) -> list[str]:
+    """One row per section: the run that last measured it, its commit, the load when it started."""
+    runs = {s: (data.get("started_utc"), data.get("commit")) for s in data.get("params", {}).get("sections", [])}
+    for run in data.get("merged_runs", []):
+        for s in run.get("params", {}).get("sections", []):
+            runs[s] = (run.get("started_utc"), run.get("commit"))
+    load = data.get("load_average_1min_at_section_start", {})
+    rows = ["| section | measured (UTC) | commit | load average (1 min) at its start |", "|---|---|---|---:|"]
+    for section in dict.fromkeys(f["section"] for f in data.get("figures", [])):
+        started, commit = runs.get(section, (data.get("started_utc"), None))
+        commit = commit or commit_of(started) or "not recorded"
+        rows.append(f"| {section} | {started} | {commit} | {load.get(section, 'not recorded')} |")
+    return rows
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"svg.hashsalt": "kinesis-actors", "svg.fonttype": "none", "font.size": 10,
+                         "axes.spines.top": False, "axes.spines.right": False})
+    return plt
+
+
+def _save(fig: Any, name: str) -> str:
+    os.makedirs(ASSETS, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(os.path.join(ASSETS, name), format="svg", metadata={"Date": None})
+    _plt().close(fig)
+    return f"assets/bench/{name}"
+
+
+def _bars(ax: Any, labels: list[str], values: list[float], colors: list[str], unit: str) -> None:
+    bars = ax.barh(labels, values, color=colors)
+    ax.invert_yaxis()
+    ax.set_xlabel(unit)
+    for bar, v in zip(bars, values, strict=True):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {fmt(v)}", va="center")
+    ax.set_xlim(0, max(values) * 1.25)
+
+
+def _need(fig_: dict[str, float], *names: str) -> list[float] | None:
+    return [fig_[n] for n in names] if all(n in fig_ for n in names) else None
+
+
+Chart = tuple[str, str, Callable[[dict[str, float]], str | None]]  # title, alt text, draw -> path or None
+
+
+def chart_cpu(f: dict[str, float]) -> str | None:
+    v = _need(f, "ours_cpu_s_per_mb_after_start", "ours_cpu_s_per_mb_whole_run", "kclrs_matched_cpu_s_per_mb",
+              "kclrs_seeded_cpu_s_per_mb", "raw_cpu_s_per_mb")
+    if v is None:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    _bars(ax, ["ours, from subscribe() returning", "ours, whole run (Ray start included)", "kcl-rs matched",
+               "kcl-rs seeded", "raw boto3 drain"], v, [OURS, OURS, KCLRS, KCLRS, RAW], "client CPU s per MB (less is better)")
+    return _save(fig, "cpu_per_mb.svg")
+
+
+def chart_throughput(f: dict[str, float]) -> str | None:
+    v = _need(f, "ours_records_per_s", "kclrs_matched_records_per_s", "kclrs_seeded_records_per_s", "raw_records_per_s")
+    if v is None:
+        return None
+    labels = ["ours, 8 responses", "kcl-rs matched, 8 responses", "kcl-rs seeded, 8 responses", "raw boto3"]
+    colors = [OURS, KCLRS, KCLRS, RAW]
+    long = _need(f, "long_ours_records_per_s", "long_kclrs_seeded_records_per_s")
+    if long:
+        labels += ["ours, long drain", "kcl-rs seeded, long drain"]
+        v += long
+        colors += [OURS, KCLRS]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.0))
+    _bars(ax, labels, v, colors, "records per second (more is better)")
+    return _save(fig, "throughput.svg")
+
+
+FAILOVER = (("start -> first record", "ours_start_to_first_record_s", "kclrs_seeded_start_to_first_record_s"),
+            ("SIGKILL a worker -> survivor reads", "ours_sigkill_to_survivor_first_record_s",
+             "kclrs_sigkill_to_survivor_first_record_s"),
+            ("graceful stop -> other reads", "ours_graceful_to_other_reading_s", "kclrs_graceful_to_other_reading_s"),
+            ("second worker joins -> even split", "ours_balance_to_even_s", "kclrs_balance_to_even_s"))
+
+
+def chart_failover(f: dict[str, float]) -> str | None:
+    rows = [(label, f[a], f[b]) for label, a, b in FAILOVER if a in f and b in f]
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.0))
+    ys = range(len(rows))
+    ax.barh([y - 0.2 for y in ys], [r[1] for r in rows], height=0.4, color=OURS, label="kinesis_actors")
+    ax.barh([y + 0.2 for y in ys], [r[2] for r in rows], height=0.4, color=KCLRS, label="kcl-rs")
+    for y, (_, ours, theirs) in zip(ys, rows, strict=True):
+        ax.text(ours, y - 0.2, f" {fmt(ours)}", va="center")
+        ax.text(theirs, y + 0.2, f" {fmt(theirs)}", va="center")
+    ax.set_yticks(list(ys), [r[0] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (less is better)")
+    ax.set_xlim(0, max(max(r[1], r[2]) for r in rows) * 1.2)
+    ax.legend(loc="upper right", frameon=False)
+    return _save(fig, "failover.svg")
+
+
+def chart_scale(f: dict[str, float]) -> str | None:
+    sizes = [n for n in (16, 64, 256, 1000) if f"scale_{n}_subscribe_s" in f and f"scale_{n}_uss_total_mib" in f]
+    if len(sizes) < 2:
+        return None
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 3.0))
+    a1.plot(sizes, [f[f"scale_{n}_subscribe_s"] for n in sizes], "o-", color=OURS, label="subscribe() returns")
+    done = [n for n in sizes if f"scale_{n}_all_delivered_s" in f]
+    a1.plot(done, [f[f"scale_{n}_all_delivered_s"] for n in done], "s--", color=OURS, alpha=0.6,
+            label="every record delivered")
+    a1.set(xscale="log", xlabel="shards", ylabel="seconds", title="time to subscribe")
+    a1.legend(frameon=False)
+    a2.plot(sizes, [f[f"scale_{n}_uss_total_mib"] for n in sizes], "o-", color=OURS)
+    a2.set(xscale="log", xlabel="shards", ylabel="MiB USS (readers + Coordinator)", title="memory")
+    for ax in (a1, a2):
+        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.set_ylim(bottom=0)
+    return _save(fig, "scale.svg")
+
+
+def chart_delivery(f: dict[str, float]) -> str | None:
+    factors = [n for n in (1, 4, 10) if f"slow_sink_pf{n}_records_per_s" in f]
+    if not factors:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 2.4))
+    _bars(ax, [f"parallelization_factor={n}" for n in factors], [f[f"slow_sink_pf{n}_records_per_s"] for n in factors],
+          [OURS] * len(factors), "records per second into a sink taking 50 ms per batch (more is better)")
+    return _save(fig, "delivery.svg")
+
+
+CHARTS: list[Chart] = [
+    ("Client CPU per MB: ours, kcl-rs and raw boto3", "CPU seconds per MB, ours against kcl-rs and raw boto3", chart_cpu),
+    ("Steady throughput: ours, kcl-rs and raw boto3", "records per second, ours against kcl-rs and raw boto3",
+     chart_throughput),
+    ("Start, failover and handoff times against kcl-rs", "seconds to first record, failover and handoff",
+     chart_failover),
+    ("Subscribe time and memory against the number of shards", "subscribe time and memory by shard count",
+     chart_scale),
+    ("The delivery controls' rates", "records per second by parallelization factor", chart_delivery),
+]
+
+
+def readme_figures(data: dict[str, Any]) -> list[str]:
+    """The README's three figures against kcl-rs, as the README prints them (a test compares the two)."""
+    f = figures(data)
+    out = []
+    if _need(f, "ours_graceful_to_other_reading_s", "kclrs_graceful_to_other_reading_s"):
+        out.append(f"- **Handoff**: a worker stops gracefully and another reads its shards after "
+                   f"{fmt(f['ours_graceful_to_other_reading_s'])} s, against {fmt(f['kclrs_graceful_to_other_reading_s'])} s "
+                   f"for kcl-rs.")
+    if _need(f, "ours_sigkill_to_survivor_first_record_s", "kclrs_sigkill_to_survivor_first_record_s"):
+        out.append(f"- **Failover**: a worker is SIGKILLed and the survivor reads its shards after "
+                   f"{fmt(f['ours_sigkill_to_survivor_first_record_s'])} s, against "
+                   f"{fmt(f['kclrs_sigkill_to_survivor_first_record_s'])} s for kcl-rs (same 10 s lease).")
+    if _need(f, "ours_cpu_s_per_mb_after_start", "kclrs_matched_cpu_s_per_mb"):
+        out.append(f"- **CPU**: {fmt(f['ours_cpu_s_per_mb_after_start'])} CPU s per MB read once subscribed, "
+                   f"against {fmt(f['kclrs_matched_cpu_s_per_mb'])} for kcl-rs over its whole run.")
+    return out
+
+
+def _figure_table(data: dict[str, Any], names: list[str]) -> list[str]:
+    by_name = {f["name"]: f for f in data.get("figures", [])}
+    rows = ["| figure | value | unit | section |", "|---|---:|---|---|"]
+    rows += [f"| `{n}` | {fmt(by_name[n]['value'])} | {by_name[n]['unit']} | {by_name[n]['section']} |"
+             for n in names if n in by_name and by_name[n].get("value") is not None]
+    return rows
+
+
+CHART_FIGURES = {
+    chart_cpu: ["ours_cpu_s_per_mb_after_start", "ours_cpu_s_per_mb_whole_run", "kclrs_matched_cpu_s_per_mb",
+                "kclrs_seeded_cpu_s_per_mb", "raw_cpu_s_per_mb"],
+    chart_throughput: ["ours_records_per_s", "kclrs_matched_records_per_s", "kclrs_seeded_records_per_s",
+                       "raw_records_per_s", "long_ours_records_per_s", "long_kclrs_seeded_records_per_s"],
+    chart_failover: [n for _, a, b in FAILOVER for n in (a, b)],
+    chart_scale: [f"scale_{n}_{k}" for n in (16, 64, 256, 1000) for k in ("subscribe_s", "all_delivered_s",
+                                                                          "uss_total_mib", "uss_per_shard_mib")],
+    chart_delivery: [*(f"slow_sink_pf{n}_{k}" for n in (1, 4, 10) for k in ("records_per_s", "steady_records_per_s")),
+                     "poison_records_delivered", "poison_records_dead_lettered", "poison_shard_held_up_s",
+                     "poison_sink_calls_refused", "trickle_batches_per_s", "trickle_p50_ms", "trickle_p99_ms"],
+}
+
+CAPTIONS = {
+    chart_cpu: "CPU seconds of every client process per MB read, in one run of the `peer_kcl_rs` section: 4 shards of "
+               "1 KiB records from `TRIM_HORIZON`. Ours counts every Ray process (readers, Coordinator, sink, driver, "
+               "raylet, GCS), once from the start and once from `subscribe()` returning.",
+    chart_throughput: "Records per second once reading, in the same run. \"8 responses\" counts from the first delivery to "
+                      "the last of a short drain (a start transient); the long drain counts the middle half of a larger "
+                      "one (the steady state).",
+    chart_failover: "Two workers of one application in the same run: the time from a start, a SIGKILL, a graceful stop or "
+                    "a second worker joining to the records flowing again (or the shards split evenly).",
+    chart_scale: "One instance, N shards with a small backlog each, default settings (`scale` section): the time "
+                 "`subscribe()` takes and until every record arrived, and the memory of the readers and the Coordinator.",
+    chart_delivery: "A sink taking 50 ms per batch, 4 shards with a backlog, `max_batch_records=50`, at "
+                    "`parallelization_factor` 1, 4 and 10 (`delivery` section); the table adds a poison record with "
+                    "`bisect_on_error` and a 1 s batching window on a trickle.",
+}
+
+INTRO = """# Benchmarks
+
+This page is generated by `python -m bench.report --docs` from `bench/results.json` (and the
+chaos suite's reference run, `bench/chaos.json`); `make docs` runs it before building the
+site. Do not edit it or its charts by hand: run `make bench` (or `python -m bench --only S
+--merge`) and `make docs` again.
+
+Every figure is from one run on a shared 2-core machine, against an emulator (moto in server
+mode on the same cores), not AWS: read them as orders of magnitude and compare ratios within
+a run. kcl-rs is KCL in Rust (0.1.4), run from its own virtualenv; "matched" is kcl-rs with our
+idle wait and a 1 s shard sync, "seeded" adds a lease table whose rows already exist
+(`bench/PEER_KCL_RS.md` has the settings behind each number). Raw boto3 is one thread draining
+the same shards with `GetRecords`.
+"""
+
+
+def render(data: dict[str, Any], chaos: dict[str, Any] | None) -> str:
+    """The benchmark page's Markdown; draws the charts into ``docs/assets/bench/`` as it goes."""
+    from .report import chaos_markdown, markdown
+
+    f = figures(data)
+    m = data.get("machine", {})
+    out = [INTRO, f"Machine: {m.get('cores')} cores, {m.get('memory_gib')} GiB, Python {m.get('python')}, "
+                  f"Ray {m.get('ray')} (the first run's; each run's own is in `bench/results.json`).", "",
+           "## Against kcl-rs, in three figures", "", "The README quotes these:", "", *readme_figures(data), ""]
+    missing = []
+    for title, alt, draw in CHARTS:
+        path = draw(f)
+        if path is None:
+            missing.append(title)
+            continue
+        out += [f"## {title}", "", CAPTIONS[draw], "", f"![{alt}]({path})", "", *_figure_table(data, CHART_FIGURES[draw]), ""]
+    if missing:
+        out += ["## Charts left out", "", "`bench/results.json` lacks the figures of: "
+                + "; ".join(missing) + ".", ""]
+    out += ["## Where each section's figures come from", "", *provenance(data), ""]
+    table = markdown(data, key_only=True).splitlines()
+    out += ["## Every key figure", "", "`python -m bench.report --key` prints the same table.", "",
+            *table[next(i for i, line in enumerate(table) if line.startswith("| section")):], ""]
+    if chaos:
+        out += ["## The chaos suite's reference run", "",
+                "From `bench/chaos.json` (see [the chaos suite](chaos.md) for what each scenario does).", "",
+                chaos_markdown(chaos), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write(results_path: str, chaos_path: str | None) -> str:
+    """Write ``docs/benchmarks.md`` and its charts; returns the page's path."""
+    import json
+
+    with open(results_path) as fh:
+        data = json.load(fh)
+    chaos = None
+    if chaos_path and os.path.exists(chaos_path):
+        with open(chaos_path) as fh:
+            chaos = json.load(fh)
+    page = os.path.join(DOCS, "benchmarks.md")
+    with open(page, "w") as fh:
+        fh.write(render(data, chaos))
+    return page

@@ -1,0 +1,171 @@
+"""The tasks of a consumer's states other than ``PROCESSING`` (compare KCL's ``InitializeTask``
+and ``ShutdownTask``), and the seek; :data:`~.states.BEHAVIOURS` says which state runs which.
+
+Each is a function over the consumer's parts (its :class:`~.lease.LeaseKeeper`, its
+:class:`~.lease.CheckpointPacer`, its :class:`~.reading.Reading`); every store write is the
+keeper's fenced write, so a lease lost meanwhile raises ``LeaseLostError`` and writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import KinesisError, LeaseLostError
+from ..leases.protocol import SHARD_END, Lease
+from ..records import StartAt
+from .fetcher import new_fetcher
+from .io import ReaderIo, ToThreadIo
+from .lease import CheckpointPacer, LeaseKeeper
+from .reading import Reading
+from .spec import ReaderSpec
+from .states import Stop, StopReason
+
+__all__ = ["resume_position", "initialize", "shut_down", "leave_after_failure", "seek"]
+
+log = logging.getLogger("kinesis_actors.reader")
+
+
+def resume_position(lease: Lease) -> StartAt | None:
+    """Where ``lease`` says to open: after its checkpoint, else its recorded start position
+    (None: a first open, nothing recorded yet)."""
+    if lease.checkpoint and lease.checkpoint != SHARD_END:
+        return StartAt.after_sequence_number(lease.checkpoint, lease.checkpoint_sub_sequence)
+    if lease.start_position:
+        return StartAt.parse(lease.start_position)
+    return None
+
+
+async def initialize(spec: ReaderSpec, kinesis: Any, keeper: LeaseKeeper, reading: Reading, *,
+                     clock: Callable[[], float], wall_clock: Callable[[], float],
+                     stopping: Callable[[], bool], alive: Callable[[], None]) -> Stop | None:
+    """``INITIALIZING``: record ``start_position`` on a first open (``LATEST`` resolved once:
+    ``AT_TIMESTAMP`` of this moment is recorded, the ``LATEST`` iterator itself is read),
+    then fetch the first shard iterator (throttling is retried while the lease is held).
+
+    Returns:
+        ``Stop(SHARD_END)`` for a row already at ``SHARD_END`` (nothing to read); else None,
+        once the first iterator is held or ``stopping()`` (stopped before it ever read).
+
+    Raises:
+        LeaseLostError: the lease was taken away meanwhile. StreamError/KinesisError:
+            ``GetShardIterator`` failed and is not transient.
+    """
+    if keeper.lease.checkpoint == SHARD_END:  # finished before: nothing to read, let the row go
+        return Stop(StopReason.SHARD_END, why="the row is at SHARD_END")
+    position = resume_position(keeper.lease)
+    start = position
+    if position is None:  # a first open: record where, resolved once
+        start = recorded = spec.start_at
+        if start.kind == "LATEST":
+            recorded = StartAt("AT_TIMESTAMP", timestamp_ms=int(wall_clock() * 1000))
+        at = recorded.to_str()
+        await keeper.write("set_start_position", lambda lease: keeper.store.set_start_position(lease, at))
+        position = recorded
+    assert start is not None
+    # Opens at `start` (LATEST itself on a first open); an iterator that expires before
+    # any record reopens at the recorded position, never at a later tip.
+    reading.fetcher = fetcher = new_fetcher(spec, kinesis, start, restart_at=position, clock=clock)
+    while not fetcher.has_iterator:
+        await reading.pace(stopping)
+        if stopping():  # stopped (or asked for) before it ever read: nothing to checkpoint
+            return None
+        await reading.step()
+        alive()
+    return None
+
+
+async def shut_down(stop: Stop, spec: ReaderSpec, keeper: LeaseKeeper, checkpoints: CheckpointPacer,
+                    io: ReaderIo | ToThreadIo, stats: dict[str, Any]) -> Stop:
+    """``SHUTTING_DOWN``: let the lease go as ``stop`` says.
+
+    * ``SHARD_END``: write the ``SHARD_END`` checkpoint (past every acknowledged record:
+      the read loop drained the shard first), then release.
+    * ``REQUESTED``/``HANDOFF``: checkpoint what was acknowledged, then hand the lease to
+      the asker, or release it (unless asked to keep it). A store error other than a lost
+      lease is logged: the lease then expires.
+
+    Returns:
+        The stop as it ended: ``stop``, or a ``REQUESTED`` stop when a hand-over became a
+        release (the asker withdrew) or did not happen (a store error).
+
+    Raises:
+        LeaseLostError: the lease was lost: nothing more is written.
+    """
+    store = keeper.store
+    if stop.reason is StopReason.SHARD_END:
+        checkpoints.clear()  # SHARD_END is past every acknowledged record
+        if keeper.lease.checkpoint != SHARD_END:
+            await keeper.write("checkpoint SHARD_END", lambda lease: store.checkpoint(lease, SHARD_END))
+        stats["checkpoint"] = SHARD_END
+        await keeper.write("release", lambda lease: store.release(lease))
+        log.info("shard %s: read to its end; SHARD_END written, lease released", spec.shard_id)
+        return stop
+    try:  # close and handoff: the acknowledged records are checkpointed first
+        await checkpoints.flush()
+    except LeaseLostError:
+        raise
+    except KinesisError as e:
+        log.warning("shard %s: the last checkpoint failed (%s)", spec.shard_id, e)
+    if stop.reason is StopReason.REQUESTED and not stop.release:
+        return stop
+    to = await _current_asker(stop.to, spec, keeper, io) if stop.reason is StopReason.HANDOFF else None
+    try:
+        if to is not None:
+            await keeper.write("hand-over", lambda lease: store.hand_over(lease, to=to))
+            log.info("shard %s: handed over to %s at checkpoint %s", spec.shard_id, to, keeper.lease.checkpoint)
+            return stop
+        await keeper.write("release", lambda lease: store.release(lease))
+    except LeaseLostError:
+        raise
+    except KinesisError as e:
+        log.warning("shard %s: %s failed (%s); the lease will expire", spec.shard_id,
+                    "hand-over" if to else "release", e)
+    return stop if stop.reason is StopReason.REQUESTED else Stop(StopReason.REQUESTED, why="released, not handed over")
+
+
+async def _current_asker(asker: str | None, spec: ReaderSpec, keeper: LeaseKeeper,
+                         io: ReaderIo | ToThreadIo) -> str | None:
+    """Who asks for this lease now: the asker may have withdrawn (it closed) or been
+    replaced by another since the write that told us. None: release instead."""
+    try:
+        row = await io.store(keeper.store.get, spec.stream, spec.shard_id)
+    except Exception:  # the store unreadable now: the hand-over write (fenced) will find out
+        return asker
+    if row is None or row.owner != spec.owner_id or row.counter != keeper.lease.counter:
+        return asker  # the hand-over write will find out
+    return row.next_owner if row.next_owner != spec.owner_id else None
+
+
+async def leave_after_failure(spec: ReaderSpec, keeper: LeaseKeeper, checkpoints: CheckpointPacer) -> None:
+    """``FAILED``: checkpoint what was acknowledged and release the lease, best effort (any
+    error is logged: the lease then expires at the last checkpoint)."""
+    try:
+        if keeper.lost is None:
+            await checkpoints.flush()
+            await keeper.write("release", lambda lease: keeper.store.release(lease))
+    except Exception as e:
+        log.info("shard %s: release after the failure did not happen (%r); the lease will expire",
+                 spec.shard_id, e)
+
+
+async def seek(position: StartAt, spec: ReaderSpec, keeper: LeaseKeeper, checkpoints: CheckpointPacer,
+               reading: Reading, stats: dict[str, Any]) -> None:
+    """Reopen the shard at ``position``: records fetched and not acknowledged are dropped
+    (their budget bytes given back; the caller has ended any fetch and delivery in flight),
+    ``start_position`` is rewritten (fenced), the checkpoint cleared (the one allowed move
+    backwards) and the fetcher reopened there.
+
+    Raises:
+        LeaseLostError: the lease was lost. KinesisError: the write failed.
+    """
+    reading.give_back()
+    fetcher = reading.fetcher
+    assert fetcher is not None
+    at = position.to_str()
+    await keeper.write("seek", lambda lease: keeper.store.set_start_position(lease, at))
+    checkpoints.clear()
+    stats["checkpoint"] = None
+    fetcher.seek(position)
+    log.info("shard %s: seek to %s", spec.shard_id, position)
