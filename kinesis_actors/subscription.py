@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .aws import AwsSettings
-from .clock import monotonic_s
+from .clock import left_until, monotonic_s
 from .config import KinesisStream, positive_duration
 from .errors import InvalidError, KinesisError
 from .leases.protocol import Lease, LeaseStore
 from .records import Record
-from .sinks.protocol import GatheringSink, gathering_sink
+from .sinks.protocol import GatheringSink, begin_sink_close, end_sink_close, gathering_sink
 from .supervision import RayCoordinatorRef, Supervisor
 
 if TYPE_CHECKING:
@@ -273,17 +273,18 @@ class Subscription:
     def stats(self) -> dict[str, Any]:
         """This subscription's figures, from its Coordinator and readers (plain data).
 
-        * ``shards``: per shard id: records, bytes, batches, get_records_calls, throttles,
-          expired_iterators, sink_failures, ``millis_behind_latest`` (ms), checkpoint,
-          checkpoint_age_s, lease_counter, state (a ``ConsumerState`` value), and where
-          its reader runs (``reader`` number, ``node_id``: Ray node id hex, ``pid``).
-        * ``readers``: per ShardReader process: reader, pid, node_id, shards,
-          buffered_bytes / peak_buffered_bytes / max_buffered_bytes (the byte budget),
-          budget_waits, kinesis_call_limit and its cuts.
+        * ``shards``: per shard id: records, bytes, batches, get_records_calls, throttles, expired_iterators,
+          sink_failures, ``millis_behind_latest`` (ms), checkpoint, checkpoint_age_s, lease_counter, state
+          (a ``ConsumerState`` value), ``bytes_per_s`` and ``records_per_s`` (averages over ``load_window_s``,
+          0.0 before a full window), and where its reader runs (``reader``, ``node_id`` in hex, ``pid``).
+        * ``readers``: per ShardReader process: ``id`` (the ``reader`` of its shards), pid, node_id, ``cpu``
+          (cores over ``load_window_s``: 0.0 before a full window, the last known figure while it does not
+          answer), shards (a count), buffered_bytes / peak_buffered_bytes / max_buffered_bytes (the byte
+          budget), budget_waits, kinesis_call_limit and its cuts.
         * ``coordinator``: its pid and node_id.
-        * This instance's lease counts: leases_held, leases_taken, leases_lost,
-          readers_replaced, shards_rehomed, shards_ended, reader_start_failures and the
-          handoff counters; target and live_instances of the balancing plan.
+        * This instance's lease counts: leases_held, leases_taken, leases_lost, readers_replaced,
+          shards_rehomed, shards_moved (moves by load), shards_ended, reader_start_failures and the handoff
+          counters; target and live_instances of the balancing plan.
         """
         figures: dict[str, Any] = self._call("stats")
         return figures
@@ -333,22 +334,18 @@ class Subscription:
         gathering = gathering_sink(self.sink)
         try:
             if self._queue is not None and ack:
-                self._ack_at_close(min(_CLOSE_ACK_TIMEOUT_S, self._left(deadline)))
-            self._park_error_at_close(min(_CLOSE_ACK_TIMEOUT_S, self._left(deadline)))
+                self._ack_at_close(min(_CLOSE_ACK_TIMEOUT_S, left_until(deadline)))
+            self._park_error_at_close(min(_CLOSE_ACK_TIMEOUT_S, left_until(deadline)))
             if isinstance(coordinator, RayCoordinatorRef):
                 self._close_coordinator(coordinator, deadline, timeout_s, gathering)
         finally:
             if coordinator is not None:
                 coordinator.kill()
             if gathering is not None:  # the readers are stopped: what the sink did not write is dropped
-                self._end_sink_close(gathering)
+                end_sink_close(gathering, self.stream.name)
             self._discard(self._queue)
         if self._error is not None:
             raise self._error
-
-    @staticmethod
-    def _left(deadline: float) -> float:
-        return max(0.0, deadline - monotonic_s())
 
     def _ack_at_close(self, timeout_s: float) -> None:
         import ray
@@ -381,11 +378,12 @@ class Subscription:
         import ray.exceptions as rex
 
         if gathering is not None:
-            wait_s = self._begin_sink_close(gathering, self._left(deadline) - _GATHER_MARGIN_S - _RELEASE_AFTER_WRITE_S)
-            grace = min(wait_s + _RELEASE_AFTER_WRITE_S, self._left(deadline) - _GATHER_MARGIN_S)
+            finish_by_s = left_until(deadline) - _GATHER_MARGIN_S - _RELEASE_AFTER_WRITE_S
+            wait_s = begin_sink_close(gathering, self.stream.name, finish_by_s)
+            grace = min(wait_s + _RELEASE_AFTER_WRITE_S, left_until(deadline) - _GATHER_MARGIN_S)
         else:
-            grace = min(_CLOSE_GRACE_S[self._queue is not None], self._left(deadline) / 2)
-        left = self._left(deadline)
+            grace = min(_CLOSE_GRACE_S[self._queue is not None], left_until(deadline) / 2)
+        left = left_until(deadline)
         grace = max(0.0, grace)
         try:
             ray.get(_close_ref(coordinator.actor, grace, left), timeout=max(left, 0.001))
@@ -397,25 +395,6 @@ class Subscription:
         log.warning("%s: closing the Coordinator %s; killing it and its readers: the leases of owner %s not "
                     "released yet are left to expire (within %.1f s) and their unacknowledged batches will be "
                     "delivered again", self.stream.name, what, self.owner_id, self._broker.lease_duration_s)
-
-    def _begin_sink_close(self, sink: GatheringSink, finish_by_s: float) -> float:
-        """Tell ``sink`` the close begins; how long its readers may wait for it, seconds."""
-        finish_by_s = max(0.0, finish_by_s)
-        try:
-            return min(finish_by_s, max(0.0, float(sink.begin_close(finish_by_s))))
-        except Exception as e:  # a sink that cannot be told keeps its own rules; the close goes on
-            log.warning("%s: telling the sink %r that the subscription closes failed (%r)", self.stream.name, sink, e)
-            return finish_by_s
-
-    def _end_sink_close(self, sink: GatheringSink) -> None:
-        try:
-            dropped = sink.end_close()
-        except Exception as e:
-            log.warning("%s: the sink %r did not drop its unwritten batches at close (%r)", self.stream.name, sink, e)
-            return
-        if dropped:
-            log.warning("%s: %d records the sink could not write before the close's deadline were dropped "
-                        "unwritten; the shards' next owner reads them again", self.stream.name, dropped)
 
     def abort(self) -> None:
         """Stop as if this process had crashed, for failover drills and tests: the
