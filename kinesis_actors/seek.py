@@ -47,5 +47,5 @@ class SeekHandle:
         sub = self._state.subscriptions.get(self.stream)
         if sub is None:
             return []
-        moved: list[str] = sub._call("seek", start_at, shard_id)
+        moved: list[str] = sub.seek_shards(start_at, shard_id)
         return moved

@@ -19,7 +19,7 @@ from .clock import monotonic_s
 from .config import KinesisStream, positive_duration
 from .errors import InvalidError, KinesisError
 from .leases.protocol import Lease, LeaseStore
-from .records import Record
+from .records import Record, StartAt
 from .sinks.protocol import GatheringSink, gathering_sink
 from .supervision import RayCoordinatorRef, Supervisor
 
@@ -63,6 +63,28 @@ def _close_ref(actor: Any, grace_s: float, timeout_s: float) -> Any:
         except TypeError as e:
             error = e
     raise InvalidError(f"the Coordinator's close() takes neither timeout_s nor grace_s: {error}")
+
+
+def _begin_sink_close(stream: str, sink: GatheringSink, finish_by_s: float) -> float:
+    """Tell ``sink`` the close of ``stream``'s subscription begins; how long its readers may wait for it, seconds."""
+    finish_by_s = max(0.0, finish_by_s)
+    try:
+        return min(finish_by_s, max(0.0, float(sink.begin_close(finish_by_s))))
+    except Exception as e:  # a sink that cannot be told keeps its own rules; the close goes on
+        log.warning("%s: telling the sink %r that the subscription closes failed (%r)", stream, sink, e)
+        return finish_by_s
+
+
+def _end_sink_close(stream: str, sink: GatheringSink) -> None:
+    """Tell ``sink`` the readers of ``stream`` stopped: it drops what it did not write (logged)."""
+    try:
+        dropped = sink.end_close()
+    except Exception as e:
+        log.warning("%s: the sink %r did not drop its unwritten batches at close (%r)", stream, sink, e)
+        return
+    if dropped:
+        log.warning("%s: %d records the sink could not write before the close's deadline were dropped "
+                    "unwritten; the shards' next owner reads them again", stream, dropped)
 
 
 class Subscription:
@@ -138,6 +160,24 @@ class Subscription:
             return ray.get(getattr(self._coordinator, method).remote(*args), timeout=timeout_s)
         except Exception as e:
             raise _unwrap(e) from None
+
+    def seek_shards(self, start_at: StartAt, shard_id: str | None) -> list[str]:
+        """Ask the Coordinator in charge to reopen its shards (or only ``shard_id``) at ``start_at``.
+
+        The Coordinator clears each shard's checkpoint and rewrites its ``start_position``
+        in the lease row before it reopens the shard. ``SeekHandle.seek`` checks the
+        arguments first; this method does not.
+
+        Returns:
+            The shard ids that were moved (those this broker holds now).
+
+        Raises:
+            KinesisError: what the Coordinator's ``seek`` raised (unwrapped from Ray's
+                ``RayTaskError``); a Ray error when the actor call itself fails or takes
+                longer than 60 s (``ray.get`` timeout).
+        """
+        moved: list[str] = self._call("seek", start_at, shard_id)
+        return moved
 
     def _raise_parked(self) -> None:
         if self._error is None and not self._closed:
@@ -340,7 +380,7 @@ class Subscription:
             if coordinator is not None:
                 coordinator.kill()
             if gathering is not None:  # the readers are stopped: what the sink did not write is dropped
-                self._end_sink_close(gathering)
+                _end_sink_close(self.stream.name, gathering)
             self._discard(self._queue)
         if self._error is not None:
             raise self._error
@@ -380,7 +420,8 @@ class Subscription:
         import ray.exceptions as rex
 
         if gathering is not None:
-            wait_s = self._begin_sink_close(gathering, self._left(deadline) - _GATHER_MARGIN_S - _RELEASE_AFTER_WRITE_S)
+            wait_s = _begin_sink_close(self.stream.name, gathering,
+                                       self._left(deadline) - _GATHER_MARGIN_S - _RELEASE_AFTER_WRITE_S)
             grace = min(wait_s + _RELEASE_AFTER_WRITE_S, self._left(deadline) - _GATHER_MARGIN_S)
         else:
             grace = min(_CLOSE_GRACE_S[self._queue is not None], self._left(deadline) / 2)
@@ -396,25 +437,6 @@ class Subscription:
         log.warning("%s: closing the Coordinator %s; killing it and its readers: the leases of owner %s not "
                     "released yet are left to expire (within %.1f s) and their unacknowledged batches will be "
                     "delivered again", self.stream.name, what, self.owner_id, self._broker.lease_duration_s)
-
-    def _begin_sink_close(self, sink: GatheringSink, finish_by_s: float) -> float:
-        """Tell ``sink`` the close begins; how long its readers may wait for it, seconds."""
-        finish_by_s = max(0.0, finish_by_s)
-        try:
-            return min(finish_by_s, max(0.0, float(sink.begin_close(finish_by_s))))
-        except Exception as e:  # a sink that cannot be told keeps its own rules; the close goes on
-            log.warning("%s: telling the sink %r that the subscription closes failed (%r)", self.stream.name, sink, e)
-            return finish_by_s
-
-    def _end_sink_close(self, sink: GatheringSink) -> None:
-        try:
-            dropped = sink.end_close()
-        except Exception as e:
-            log.warning("%s: the sink %r did not drop its unwritten batches at close (%r)", self.stream.name, sink, e)
-            return
-        if dropped:
-            log.warning("%s: %d records the sink could not write before the close's deadline were dropped "
-                        "unwritten; the shards' next owner reads them again", self.stream.name, dropped)
 
     def abort(self) -> None:
         """Stop as if this process had crashed, for failover drills and tests: the
@@ -448,7 +470,7 @@ class Subscription:
                     ray.kill(actor, no_restart=True)
                 except (ValueError, ray.exceptions.RayError) as e:  # not an actor handle; Ray shut down already
                     log.info("%s: killing %r: %r", self.stream.name, actor, e)
-        state = self._broker._state
+        state = self._broker.connection
         with state.lock:
             if state.subscriptions.get(self.stream.name) is self:
                 del state.subscriptions[self.stream.name]

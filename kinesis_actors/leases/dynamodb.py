@@ -395,8 +395,8 @@ class DynamoLeaseStore(LeaseRules):
     @property
     def dynamo(self) -> DynamoRows:
         """The table's :class:`DynamoRows` (its settings and client)."""
-        assert isinstance(self._table, DynamoRows)
-        return self._table
+        assert isinstance(self.rows, DynamoRows)
+        return self.rows
 
     @property
     def table(self) -> str:
@@ -425,8 +425,7 @@ class DynamoLeaseStore(LeaseRules):
         """
         if not isinstance(aws, AwsSettings):
             raise InvalidError(f"bind needs an AwsSettings, got {type(aws).__name__}")
-        other: DynamoLeaseStore = self.peer()
-        other._table = self.dynamo.bound(aws)
+        other: DynamoLeaseStore = self.peer(rows=self.dynamo.bound(aws))
         return other
 
     def inject_faults(self, injector: Any) -> DynamoLeaseStore:
