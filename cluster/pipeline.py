@@ -40,7 +40,12 @@ STOPPED KCL fleet (each shard resumes after KCL's checkpoint) and hands it back 
 fleet started after this job stops; a KCL worker still renewing leases in the table fails
 the job with :class:`~kinesis_actors.KclFleetLiveError` (stop the KCL fleet first).
 
-The sink is a :class:`~kinesis_actors.DatasetSink`: every ``--window-s`` seconds (or
+``--sink iceberg:<namespace.table>`` (with ``--iceberg-catalog``, the catalog's properties as
+JSON: every process loads it as ``pyiceberg.catalog.load_catalog("default", **catalog)``) or
+``--sink delta:<path or URI>`` writes every record exactly once into that table
+(:class:`~kinesis_actors.sinks.IcebergSink` / :class:`~kinesis_actors.sinks.DeltaSink`, one
+commit every ``--commit-interval-s``; the ``tables`` extra). Otherwise
+the sink is a :class:`~kinesis_actors.DatasetSink`: every ``--window-s`` seconds (or
 ``--window-records`` records) the records gathered from the readers become a
 ``ray.data.Dataset`` written as Parquet under the sink's path (local, ``s3://``...);
 checkpoints advance only after the window's files are written. ``--sink null`` only
@@ -117,6 +122,8 @@ class Config:
     lease_poll_interval_s: float | None = None
     reader_num_cpus: float | None = None
     close_timeout_s: float = 15.0
+    iceberg_catalog: str | None = None
+    commit_interval_s: float = 10.0
 
 
 _ENV = {"stream": "KA_STREAM", "lease_table": "KA_LEASE_TABLE", "sink": "KA_SINK", "endpoint": "KA_ENDPOINT",
@@ -128,7 +135,8 @@ _ENV = {"stream": "KA_STREAM", "lease_table": "KA_LEASE_TABLE", "sink": "KA_SINK
         "kcl_application": "KA_KCL_APPLICATION", "max_shards_per_reader": "KA_MAX_SHARDS_PER_READER",
         "min_checkpoint_interval_s": "KA_MIN_CHECKPOINT_INTERVAL_S",
         "lease_poll_interval_s": "KA_LEASE_POLL_INTERVAL_S", "reader_num_cpus": "KA_READER_NUM_CPUS",
-        "close_timeout_s": "KA_CLOSE_TIMEOUT_S"}
+        "close_timeout_s": "KA_CLOSE_TIMEOUT_S", "iceberg_catalog": "KA_ICEBERG_CATALOG",
+        "commit_interval_s": "KA_COMMIT_INTERVAL_S"}
 
 # The KinesisStream knobs the job passes on only when set (unset: the library's own default).
 _STREAM_KNOBS = ("max_shards_per_reader", "min_checkpoint_interval_s", "lease_poll_interval_s")
@@ -160,7 +168,9 @@ def parse_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None
            "it) of KCL application APP whose fleet is STOPPED, and hand it back to a KCL fleet started after this "
            "job stops (KclLeaseStore; each shard resumes after the other side's checkpoint). A live mix is refused: "
            "a KCL worker renewing leases in the table fails the job with KclFleetLiveError", metavar="APP")
-    option("sink", str, "parquet:<path or s3:// URI>, or null")
+    option("sink", str, "parquet:<path or s3:// URI>, iceberg:<namespace.table>, delta:<path or URI>, or null")
+    option("iceberg_catalog", str, "with --sink iceberg: the catalog's properties as JSON", metavar="JSON")
+    option("commit_interval_s", float, "with --sink iceberg or delta: seconds between table commits")
     option("endpoint", str, "endpoint URL (an emulator); unset for AWS")
     option("region", str, "AWS region (else AWS_REGION / the default chain)")
     option("owner_id", str, "lease owner id of this instance")
@@ -204,8 +214,11 @@ def parse_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None
         parser.error("--create-lease-table does not apply to --kcl-application (a KCL table must exist)")
     if not args.close_timeout_s > 0:
         parser.error(f"--close-timeout-s must be > 0, got {args.close_timeout_s!r}")
-    if args.sink != "null" and not args.sink.startswith("parquet:"):
-        parser.error(f"--sink must be parquet:<path> or null, got {args.sink!r}")
+    if args.sink != "null" and args.sink.split(":", 1)[0] not in ("parquet", "iceberg", "delta"):
+        parser.error(f"--sink must be parquet:<path>, iceberg:<namespace.table>, delta:<path> or null, "
+                     f"got {args.sink!r}")
+    if args.sink.startswith("iceberg:") and not args.iceberg_catalog:
+        parser.error("--sink iceberg:... needs --iceberg-catalog (the catalog's properties as JSON)")
     return Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
 
 
@@ -230,6 +243,33 @@ def make_writer(sink: str) -> Callable[[Any], Any]:
         ds.write_parquet(path)
 
     return write
+
+
+def make_sink(cfg: Config) -> Any:
+    """The job's sink: an IcebergSink or DeltaSink (exactly once), else a DatasetSink of ``make_writer``.
+
+    Raises:
+        InvalidError: a malformed table name or catalog; the ``tables`` extra missing.
+    """
+    kind, _, target = cfg.sink.partition(":")
+    if kind == "iceberg":
+        from kinesis_actors.sinks import IcebergSink
+
+        return IcebergSink(target, catalog=json.loads(cfg.iceberg_catalog or "{}"),
+                           commit_interval_s=cfg.commit_interval_s)
+    if kind == "delta":
+        from kinesis_actors.sinks import DeltaSink
+
+        return DeltaSink(target, commit_interval_s=cfg.commit_interval_s)
+    from kinesis_actors import DatasetSink
+
+    return DatasetSink(make_writer(cfg.sink), window_s=cfg.window_s, window_records=cfg.window_records,
+                       batch_format=cfg.batch_format)
+
+
+def records_written(stats: dict[str, Any]) -> int:
+    """Records written so far, from a DatasetSink's or a table sink's stats."""
+    return int(stats.get("records_written", stats.get("rows_committed", 0)))
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -283,7 +323,7 @@ def lease_store(cfg: Config) -> Any:
 def run(cfg: Config, stop: threading.Event) -> int:
     """Subscribe and write until ``stop`` is set (SIGTERM, SIGINT), ``max_records`` or
     ``duration_s``; then close cleanly. Returns the exit code."""
-    from kinesis_actors import DatasetSink, KinesisBroker
+    from kinesis_actors import KinesisBroker
 
     broker = KinesisBroker(endpoint=cfg.endpoint, region=cfg.region, test_credentials=cfg.test_credentials,
                            lease_store=lease_store(cfg),
@@ -291,8 +331,7 @@ def run(cfg: Config, stop: threading.Event) -> int:
                            renew_interval_s=cfg.renew_interval_s)
     conn = broker.connect()
     install_stop_signals(stop)
-    sink = DatasetSink(make_writer(cfg.sink), window_s=cfg.window_s, window_records=cfg.window_records,
-                       batch_format=cfg.batch_format)
+    sink = make_sink(cfg)
     started = time.monotonic()
     reason, code, written = "stopped", 0, 0
     sub = None
@@ -311,7 +350,7 @@ def run(cfg: Config, stop: threading.Event) -> int:
             if sub.wait(0.01):  # ended on its own (raises its error if it failed)
                 reason = "subscription ended"
                 break
-            written = sink.stats()["records_written"]
+            written = records_written(sink.stats())
             if cfg.max_records and written >= cfg.max_records:
                 reason = "max_records"
                 break
@@ -338,7 +377,7 @@ def run(cfg: Config, stop: threading.Event) -> int:
             except Exception as e:
                 log.error("could not %s: %r", step, e)
                 code = 1
-        emit("stopped", reason=reason, records_written=totals.get("records_written", written),
+        emit("stopped", reason=reason, records_written=records_written(totals) if totals else written,
              records_dropped=totals.get("records_dropped"), windows=totals.get("windows_completed"),
              seconds=round(time.monotonic() - started, 1), exit_code=code)
     return code

@@ -184,11 +184,12 @@ class KinesisBroker:
             log.info("connected: owner id %s, lease store %r", self.owner_id, store)
         return self
 
-    def _start_ray(self, timeout_s: float) -> float:
+    def _start_ray(self, timeout_s: float, table_sink: Any = None, stream: str = "") -> float:
         """Start Ray if it is not running (``ray.init()`` with Ray's defaults, at most ``timeout_s``
         seconds: :func:`~kinesis_actors.ray_start.start_ray`) and open a lease store that lives in
-        Ray. Called by ``subscribe`` after the stream was checked. Returns the seconds Ray's start
-        took; raises ``StartError`` (saying what Ray was doing) when it took longer."""
+        Ray; then start ``table_sink``'s committer for ``stream``, if any. Called by ``subscribe``
+        after the stream was checked. Returns the seconds Ray's start took; raises ``StartError``
+        (saying what Ray was doing) when it took longer."""
         from .ray_start import start_ray
 
         spent = start_ray(timeout_s)
@@ -196,6 +197,8 @@ class KinesisBroker:
             if not self._state_extra.get("store_opened"):
                 self._state_extra["store"] = self._state_extra["store"].open()
                 self._state_extra["store_opened"] = True
+        if table_sink is not None:
+            table_sink.start(stream)
         return spent
 
     def __copy__(self) -> KinesisBroker:
@@ -261,6 +264,16 @@ class KinesisBroker:
         """A :class:`SeekHandle` for ``stream``. Raises InvalidError for a malformed name."""
         return SeekHandle(validate_stream_name(stream), self._state)
 
+    def _checked_table_sink(self, stream: KinesisStream, sink: Any) -> Any:
+        """``sink`` if it is a table sink that may serve ``stream`` here (see
+        :func:`~.sinks.tables.check_table_sink`: InvalidError otherwise), None for other sinks."""
+        table_sink = _table_sink(sink)
+        if table_sink is not None:
+            from .sinks.tables import check_table_sink
+
+            check_table_sink(stream, table_sink, self._state_extra.get("store"))
+        return table_sink
+
     def subscribe(self, stream: KinesisStream, sink: Any = None, *, start_timeout_s: float = 120.0) -> Subscription:
         """Open a subscription: validate, ``DescribeStreamSummary`` (or ``CreateStream`` and wait
         up to 60 s), then the Coordinator's first pass. Returns once every shard leased by the
@@ -272,8 +285,8 @@ class KinesisBroker:
             sink: push mode: a Ray actor handle (its ``process_batch(records)``, or
                 ``KinesisStream.sink_method``, is called with each batch; returning is the
                 acknowledgement), or any :class:`~kinesis_actors.sinks.Sink` (an object with
-                ``deliver(records)``, e.g. a ``DatasetSink``). None: pull mode (``next_batch``,
-                iteration).
+                ``deliver(records)``, e.g. a ``DatasetSink``; a table sink). None: pull mode
+                (``next_batch``, iteration).
             start_timeout_s: longest wait, seconds, for Ray's start (when this call starts
                 it) and the first pass together (the default covers 128 shards on one 2-core
                 node with room to spare).
@@ -286,8 +299,8 @@ class KinesisBroker:
         Raises:
             InvalidError: not a KinesisStream, a sink that is neither an actor with the
                 method nor a Sink, ``bisect_on_error`` or ``parallelization_factor > 1`` in pull
-                mode, a ``record_filter`` Ray cannot serialise, or a stream this broker already
-                reads (before any AWS call).
+                mode, a ``record_filter`` Ray cannot serialise, a stream this broker already
+                reads, or what a table sink refuses (``check_table_sink``), before any AWS call.
             NotConnectedError: not connected, or shut down; or the ``dead_letter`` publisher's
                 broker is not connected (checked before any AWS call, naming that publisher).
             StreamError: the stream does not exist (and ``create_if_missing`` is unset), or
@@ -303,17 +316,20 @@ class KinesisBroker:
         sink = _checked_arguments(stream, sink)
         state = self._state
         aws = state.require()
+        table_sink = self._checked_table_sink(stream, sink)  # before any AWS call
         with state.lock:
             if stream.name in state.subscriptions:
                 raise InvalidError(f"this broker already reads stream {stream.name!r}; one subscription per stream")
             state.subscriptions[stream.name] = None  # type: ignore[assignment]  # reserved
         try:
             ensure_stream(state.client("kinesis", max_attempts=0), stream.name, create_shards=stream.create_if_missing)
-            ray_start_s = self._start_ray(start_timeout_s)
+            ray_start_s = self._start_ray(start_timeout_s, table_sink, stream.name)
             sub = Subscription(self, stream, sink, aws=aws, start_timeout_s=max(start_timeout_s - ray_start_s, 0.001))
         except BaseException:
             with state.lock:
                 state.subscriptions.pop(stream.name, None)
+            if table_sink is not None:
+                table_sink.discard()
             raise
         with state.lock:
             state.subscriptions[stream.name] = sub
@@ -336,8 +352,16 @@ def _checked_arguments(stream: KinesisStream, sink: Any) -> Any:
     if isinstance(stream.dead_letter, Publisher):
         stream.dead_letter.check_connected(f"the dead-letter publisher (dead_letter=) of stream {stream.name!r}:")
     check_picklable_filter(stream.record_filter)
-    if sink is None:
-        return None
+    if sink is None or _table_sink(sink) is not None:
+        return sink  # pull mode; a table sink is pushed to as it is
     from .sinks import as_sink
 
     return as_sink(sink, stream.sink_method)
+
+
+def _table_sink(sink: Any) -> Any:
+    """``sink`` if it is an IcebergSink or DeltaSink (their module is imported only if loaded), else None."""
+    import sys
+
+    tables = sys.modules.get("kinesis_actors.sinks.tables")
+    return sink if tables is not None and tables.is_table_sink(sink) else None

@@ -6,6 +6,8 @@ Taken from :meth:`KinesisBroker.seek_handle <kinesis_actors.broker.KinesisBroker
 
 from __future__ import annotations
 
+import sys
+
 from .connection import ConnectionState
 from .errors import InvalidError
 from .records import StartAt
@@ -37,7 +39,9 @@ class SeekHandle:
 
         Raises:
             NotConnectedError: the broker is not connected or was shut down.
-            InvalidError: not a StartAt, or a sequence-number position without shard_id.
+            InvalidError: not a StartAt, a sequence-number position without shard_id, or a
+                stream written to a table sink (``IcebergSink``, ``DeltaSink``: its positions
+                live in the table, which a seek would contradict; not supported yet).
         """
         self._state.require()
         if not isinstance(start_at, StartAt):
@@ -47,5 +51,9 @@ class SeekHandle:
         sub = self._state.subscriptions.get(self.stream)
         if sub is None:
             return []
+        tables = sys.modules.get("kinesis_actors.sinks.tables")  # not imported: no table sink
+        if tables is not None and tables.is_table_sink(sub.sink):
+            raise InvalidError(f"seek() on stream {self.stream!r}, written to {sub.sink!r}, is not supported yet: "
+                               "its positions live in the table")
         moved: list[str] = sub.seek_shards(start_at, shard_id)
         return moved

@@ -92,7 +92,8 @@ class Subscription:
 
     Pull mode (``sink=None``): ``next_batch``, ``ack``, iteration, ``next_batch_async`` and
     ``async for``. Push mode: batches go to the sink actor; use ``wait``.
-    Both: ``leases()``, ``stats()``, ``close()``, and use as a context manager.
+    Both: ``leases()``, ``stats()``, ``close()``, and use as a context manager. ``sink`` is
+    what the readers push to (None in pull mode).
 
     The handle watches its Coordinator and starts a new one if it dies; the new one
     re-takes this owner's leases and resumes after the checkpoints.
@@ -110,7 +111,7 @@ class Subscription:
         if claim is not None:  # KclLeaseStore: a single-stream KCL table serves one stream (InvalidError)
             claim(stream.name)
         self._aws = aws
-        self._sink = sink
+        self.sink = sink
         self._queue = make_pull_queue() if sink is None else None
         self._closed = False
         self._error: BaseException | None = None
@@ -143,7 +144,7 @@ class Subscription:
         broker = self._broker
         actor = Coordinator.options(**self.stream.coordinator_actor_options()).remote(
             self.stream, self._aws, self._store, self.owner_id, broker.lease_duration_s,
-            broker.renew_interval_s, self._sink, self._queue)
+            broker.renew_interval_s, self.sink, self._queue)
         return RayCoordinatorRef(actor, call_timeout_s=_RAY_CALL_TIMEOUT_S, start_margin_s=_START_MARGIN_S)
 
     @property
@@ -369,7 +370,7 @@ class Subscription:
                 return
             self._closed = True
         coordinator = self._supervisor.stop()  # no restart from now on
-        gathering = gathering_sink(self._sink)
+        gathering = gathering_sink(self.sink)
         try:
             if self._queue is not None and ack:
                 self._ack_at_close(min(_CLOSE_ACK_TIMEOUT_S, self._left(deadline)))

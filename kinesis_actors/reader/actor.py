@@ -13,6 +13,7 @@ from ..aws import AwsSettings
 from ..config import DEFAULT_MAX_SHARDS_PER_READER
 from ..leases.protocol import Lease, LeaseStore
 from ..records import StartAt
+from ..sinks.hooks import shard_hooks
 from ..sinks.protocol import Sink
 from .core import ShardEvent, ShardReaderCore
 from .io import ReaderIo
@@ -34,7 +35,8 @@ def reader_core(store: LeaseStore, sink: Sink, aws: AwsSettings, call_timeout_s:
     settings = dataclasses.replace(aws, connect_timeout_s=min(aws.connect_timeout_s, call_timeout_s))
     kinesis = settings.client("kinesis", read_timeout_s=call_timeout_s, max_attempts=0, max_pool_connections=threads)
     core = ShardReaderCore(store=store, deliver=sink.deliver, kinesis=kinesis, max_buffered_bytes=max_buffered_bytes,
-                           io=ReaderIo(kinesis_threads=threads, store_threads=threads, stream_threads=stream_threads))
+                           io=ReaderIo(kinesis_threads=threads, store_threads=threads, stream_threads=stream_threads),
+                           hooks=shard_hooks(sink))
     # What the process holds by now (Ray, botocore and its service model: about 125,000
     # objects the collector tracks) lives as long as the process. Python's full collections
     # stop every thread and scan every tracked object, and records gathered by the shards

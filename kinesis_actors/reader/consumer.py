@@ -49,6 +49,7 @@ from ..errors import LeaseLostError
 from ..kinesis import Fetched
 from ..leases.protocol import Lease, LeaseStore
 from ..records import Record, StartAt
+from ..sinks.hooks import ShardHook
 from . import tasks
 from .delivery import BatchDelivery
 from .io import ReaderIo, ToThreadIo
@@ -91,15 +92,19 @@ class ShardConsumer:
         on_open: called once, when the consumer enters ``PROCESSING`` (first iterator held).
         lease_age_s: a lower bound on the lease's age, seconds (since the write that produced
             it was sent); None: at most one renew interval, assumed.
+        hook: the sink's :class:`~kinesis_actors.sinks.hooks.ShardHook` for this lease (its
+            ``deliver``, when set, replaces ``deliver``); None: no part (each acknowledged
+            batch may be checkpointed).
     """
 
     def __init__(self, spec: ReaderSpec, lease: Lease, store: LeaseStore, deliver: Deliver, kinesis: Any, *,
                  io: ReaderIo | ToThreadIo | None = None, budget: ByteBudget | None = None, rng: Rng | None = None,
                  clock: Callable[[], float] = monotonic_s, wall_clock: Callable[[], float] = wall_s,
                  sleep: Sleep = asyncio.sleep, on_open: Callable[[], None] | None = None,
-                 lease_age_s: float | None = None) -> None:
+                 lease_age_s: float | None = None, hook: ShardHook | None = None) -> None:
         self.spec = spec
-        self._kinesis, self._deliver = kinesis, deliver
+        self.hook = hook if hook is not None else ShardHook()
+        self._kinesis, self._deliver = kinesis, self.hook.deliver or deliver
         self._io = io if io is not None else ToThreadIo()
         self._clock, self._wall_clock, self._sleep = clock, wall_clock, sleep
         self._on_open = on_open
@@ -279,7 +284,9 @@ class ShardConsumer:
     async def initialize(self) -> None:
         """``INITIALIZING``'s task (:func:`.tasks.initialize`)."""
         stop = await tasks.initialize(self.spec, self._kinesis, self.keeper, self.reading, clock=self._clock,
-                                      wall_clock=self._wall_clock, stopping=self._stopping, alive=self._alive)
+                                      wall_clock=self._wall_clock, stopping=self._stopping, alive=self._alive,
+                                      hook=self.hook, checkpoints=self.checkpoints,
+                                      await_alive=self.delivery.await_alive)
         if stop is not None:
             self._request(stop)
 
@@ -287,6 +294,7 @@ class ShardConsumer:
         """``SHUTTING_DOWN``'s task (:func:`.tasks.shut_down`): let the lease go as the stop says."""
         stop = self._stop
         assert stop is not None
+        await tasks.finish_sink(stop, self.spec, self.hook, self.checkpoints, self.delivery.await_alive)
         ended = await tasks.shut_down(stop, self.spec, self.keeper, self.checkpoints, self._io, self.stats)
         if self._stop is stop:
             self._stop = ended
@@ -299,12 +307,15 @@ class ShardConsumer:
         self.reading.close()
         assert self._renew_task is not None
         self._renew_task.cancel()
-        await asyncio.gather(self._renew_task, return_exceptions=True)
-        self.reading.give_back()
-        if self.keeper.lost is not None and not self.state.terminal:
-            self._to(ConsumerState.LOST)
-        if self._seek is not None and not self._seek[1].done():
-            self._seek[1].set_result(None)
+        try:
+            await asyncio.gather(self._renew_task, return_exceptions=True)
+            self.reading.give_back()
+            if self.keeper.lost is not None and not self.state.terminal:
+                self._to(ConsumerState.LOST)
+            if self._seek is not None and not self._seek[1].done():
+                self._seek[1].set_result(None)
+        finally:
+            await self.hook.release()
 
     # ---------------------------------------------------------------- PROCESSING
     async def process(self) -> None:
@@ -406,9 +417,11 @@ class ShardConsumer:
 
     async def _checkpoint_after(self, last: Record, partial: bool = False) -> None:
         """Every record up to ``last`` is acknowledged: give back the bytes of the responses it
-        completes, and checkpoint it (when due; at once after a ``partial`` acknowledgement of
-        a batch, whose rest is retried)."""
-        self.checkpoints.acknowledged(last.sequence_number, last.sub_sequence_number, partial=partial)
+        completes, and checkpoint what the sink's hook allows (when due; at once after a
+        ``partial`` acknowledgement of a batch, whose rest is retried)."""
+        point = self.hook.checkpointable(last)
+        if point is not None:
+            self.checkpoints.acknowledged(*point, partial=partial)
         responses = self._responses
         if responses:
             position = last.position

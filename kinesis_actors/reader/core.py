@@ -13,6 +13,7 @@ from ..clock import monotonic_s
 from ..errors import InvalidError
 from ..leases.protocol import Lease, LeaseStore
 from ..records import StartAt
+from ..sinks.hooks import ShardHook
 from .consumer import STOP_SLACK_S, ShardConsumer
 from .io import ReaderIo
 from .reading import ByteBudget
@@ -70,6 +71,9 @@ class ShardReaderCore:
         io: the thread pools (default :class:`ReaderIo` with :data:`DEFAULT_THREADS` each).
         clock: monotonic seconds. sleep: ``async sleep`` on that clock (every timer of the
             reader and its consumers).
+        hooks: ``hooks(stream, shard_id, lease_counter)``, the sink's
+            :class:`~kinesis_actors.sinks.hooks.ShardHook` of each lease (a table sink's), or
+            None (no hooks: :func:`~kinesis_actors.sinks.hooks.shard_hooks`).
 
     Raises:
         InvalidError: ``max_buffered_bytes`` is not a positive int.
@@ -77,8 +81,10 @@ class ShardReaderCore:
 
     def __init__(self, *, store: LeaseStore, deliver: Deliver, kinesis: Any,
                  max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES, io: ReaderIo | None = None,
-                 clock: Callable[[], float] = monotonic_s, sleep: Sleep = asyncio.sleep) -> None:
+                 clock: Callable[[], float] = monotonic_s, sleep: Sleep = asyncio.sleep,
+                 hooks: Callable[[str, str, int], ShardHook] | None = None) -> None:
         self._store = store
+        self._hooks = hooks
         self._deliver = deliver
         self._kinesis = kinesis
         self._io = io if io is not None else ReaderIo(clock=clock, sleep=sleep)
@@ -126,9 +132,10 @@ class ShardReaderCore:
             if not opened.done():
                 opened.set_result(None)
 
+        hook = self._hooks(spec.stream, shard_id, lease.counter) if self._hooks is not None else None
         consumer = ShardConsumer(spec, lease, self._store, self._deliver, self._kinesis, io=self._io,
                                  budget=self.budget, clock=self._clock, on_open=on_open, lease_age_s=lease_age_s,
-                                 sleep=self._sleep)
+                                 sleep=self._sleep, hook=hook)
         self._consumers[shard_id] = consumer
         # The consumer's run() is the task itself (no wrapper coroutine resumed at every step);
         # what the process keeps of it is settled by a callback once it ends.

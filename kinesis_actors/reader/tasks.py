@@ -9,12 +9,13 @@ keeper's fenced write, so a lease lost meanwhile raises ``LeaseLostError`` and w
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-from ..errors import KinesisError, LeaseLostError
+from ..errors import KinesisError, LeaseLostError, SinkError
 from ..leases.protocol import SHARD_END, Lease
 from ..records import StartAt
+from ..sinks.hooks import ShardHook
 from .fetcher import new_fetcher
 from .io import ReaderIo, ToThreadIo
 from .lease import CheckpointPacer, LeaseKeeper
@@ -22,9 +23,18 @@ from .reading import Reading
 from .spec import ReaderSpec
 from .states import Stop, StopReason
 
-__all__ = ["resume_position", "initialize", "shut_down", "leave_after_failure", "seek"]
+__all__ = ["resume_position", "initialize", "finish_sink", "shut_down", "leave_after_failure", "seek"]
 
 log = logging.getLogger("kinesis_actors.reader")
+
+T = TypeVar("T")
+AwaitAlive = Callable[[Awaitable[T]], Awaitable[T]]
+"""Awaits its argument while keeping the consumer alive (its lease renewed)."""
+
+SHARD_END_WAITS = 20
+"""How many times a shard end asks its sink to finish (each up to half a lease duration)
+before the consumer fails instead of writing ``SHARD_END`` (a sink that cannot finish, a
+table whose catalog stays down that long: the next owner reads the shard again)."""
 
 
 def resume_position(lease: Lease) -> StartAt | None:
@@ -39,22 +49,33 @@ def resume_position(lease: Lease) -> StartAt | None:
 
 async def initialize(spec: ReaderSpec, kinesis: Any, keeper: LeaseKeeper, reading: Reading, *,
                      clock: Callable[[], float], wall_clock: Callable[[], float],
-                     stopping: Callable[[], bool], alive: Callable[[], None]) -> Stop | None:
-    """``INITIALIZING``: record ``start_position`` on a first open (``LATEST`` resolved once:
-    ``AT_TIMESTAMP`` of this moment is recorded, the ``LATEST`` iterator itself is read),
-    then fetch the first shard iterator (throttling is retried while the lease is held).
+                     stopping: Callable[[], bool], alive: Callable[[], None], hook: ShardHook | None = None,
+                     checkpoints: CheckpointPacer | None = None,
+                     await_alive: AwaitAlive[Any] | None = None) -> Stop | None:
+    """``INITIALIZING``: open the shard on the sink's ``hook`` (it may move the start past the
+    lease's checkpoint, which then catches up through ``checkpoints``); record
+    ``start_position`` on a first open (``LATEST`` resolved once: ``AT_TIMESTAMP`` of this
+    moment is recorded, the ``LATEST`` iterator itself is read), then fetch the first shard
+    iterator (throttling is retried while the lease is held).
 
     Returns:
         ``Stop(SHARD_END)`` for a row already at ``SHARD_END`` (nothing to read); else None,
         once the first iterator is held or ``stopping()`` (stopped before it ever read).
 
     Raises:
-        LeaseLostError: the lease was taken away meanwhile. StreamError/KinesisError:
-            ``GetShardIterator`` failed and is not transient.
+        LeaseLostError: the lease was taken away meanwhile (or the hook knows of a newer
+            owner). StreamError/KinesisError: ``GetShardIterator`` failed and is not
+            transient; the hook's open failed.
     """
     if keeper.lease.checkpoint == SHARD_END:  # finished before: nothing to read, let the row go
         return Stop(StopReason.SHARD_END, why="the row is at SHARD_END")
     position = resume_position(keeper.lease)
+    if hook is not None and await_alive is not None:
+        after = await await_alive(hook.open(keeper.lease))
+        if after is not None and after.sequence_number is not None:
+            position = after
+            if checkpoints is not None:  # the lease's checkpoint catches up with what the sink holds
+                checkpoints.acknowledged(after.sequence_number, after.sub_sequence_number)
     start = position
     if position is None:  # a first open: record where, resolved once
         start = recorded = spec.start_at
@@ -74,6 +95,39 @@ async def initialize(spec: ReaderSpec, kinesis: Any, keeper: LeaseKeeper, readin
         await reading.step()
         alive()
     return None
+
+
+async def finish_sink(stop: Stop, spec: ReaderSpec, hook: ShardHook, checkpoints: CheckpointPacer,
+                      await_alive: AwaitAlive[Any]) -> None:
+    """``SHUTTING_DOWN``, before the lease is let go: the sink's ``hook`` finishes what it holds
+    for the lease, and what it then allows is checkpointed (by :func:`shut_down`). A shard end
+    asks up to :data:`SHARD_END_WAITS` times; a close or handoff once, and goes on to
+    checkpoint what was allowed before if the hook fails.
+
+    Raises:
+        LeaseLostError: the hook knows of a newer owner. SinkError: a shard end the hook
+            could not finish (``SHARD_END`` is not written; retriable).
+    """
+    if stop.reason not in (StopReason.REQUESTED, StopReason.HANDOFF, StopReason.SHARD_END):
+        return
+    shard_end = stop.reason is StopReason.SHARD_END
+    timeout_s = max(1.0, spec.lease_duration_s / 2)
+    error: KinesisError | None = None
+    for _ in range(SHARD_END_WAITS if shard_end else 1):
+        try:
+            point = await await_alive(hook.finish(shard_end=shard_end, timeout_s=timeout_s))
+        except LeaseLostError:
+            raise
+        except KinesisError as e:
+            error = e
+            continue
+        if point is not None:
+            checkpoints.acknowledged(*point)
+        return
+    if shard_end:
+        raise SinkError(f"shard {spec.shard_id}: the sink did not finish its last records after "
+                        f"{SHARD_END_WAITS} tries ({error})", retriable=True) from error
+    log.warning("shard %s: the sink did not finish (%s); checkpointing what it allowed before", spec.shard_id, error)
 
 
 async def shut_down(stop: Stop, spec: ReaderSpec, keeper: LeaseKeeper, checkpoints: CheckpointPacer,

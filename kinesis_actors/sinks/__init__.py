@@ -5,13 +5,15 @@
 * :mod:`~kinesis_actors.sinks.pull`: pull mode's queue actor.
 * :class:`DatasetSink` (:mod:`~kinesis_actors.sinks.dataset`): windows handed to a function as a
   ``ray.data.Dataset``; imported on first use (it needs Ray Data).
+* :class:`IcebergSink`, :class:`DeltaSink` (:mod:`~kinesis_actors.sinks.tables`): effectively-once
+  output to tables (the ``tables`` extra: pyiceberg, deltalake).
 """
 
 from __future__ import annotations
 
 from .protocol import ActorSink, GatheringSink, Sink, as_sink
 
-__all__ = ["Sink", "GatheringSink", "ActorSink", "as_sink", "DatasetSink"]
+__all__ = ["Sink", "GatheringSink", "ActorSink", "as_sink", "DatasetSink", "IcebergSink", "DeltaSink"]
 
 
 def __getattr__(name: str) -> object:
@@ -19,4 +21,8 @@ def __getattr__(name: str) -> object:
         from .dataset import DatasetSink
 
         return DatasetSink
+    if name in ("IcebergSink", "DeltaSink"):
+        from . import tables
+
+        return getattr(tables, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

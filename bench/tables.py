@@ -1,0 +1,197 @@
+"""Table sinks: records/s into an Iceberg table against the DatasetSink writing Parquet (same
+stream, same run), commit latency (record publish -> visible in a scan), table commits per minute.
+
+One Ray runtime, the embedded emulator (Kinesis and DynamoDB), a ``DynamoLeaseStore``, an
+Iceberg table in pyiceberg's SQL catalog on SQLite with a local warehouse.
+
+* throughput: ``--records`` records of ``--record-bytes`` B over ``--shards`` shards are
+  published first; each sink then drains the stream from ``TRIM_HORIZON`` (its own lease
+  table); the figure is records / seconds from ``subscribe()`` returning to the last row
+  visible (a scan of the table; the Parquet files' rows).
+* commits per minute: the Iceberg committer's commits over that drain.
+* latency: ``--rate`` records/s for ``--seconds`` s; a record is visible from the commit of the
+  first snapshot whose position of its shard reaches its sequence number; p50 / p99 of (that
+  snapshot's commit time - publish time).
+
+    python -m bench.tables                 # ~2 min on 2 cores
+    python -m bench.tables --records 2000 --seconds 5 --json out.json
+"""
+
+from __future__ import annotations
+
+import os
+
+for _name, _value in (("RAY_AUTH_MODE", "disabled"), ("RAY_USAGE_STATS_ENABLED", "0"),
+                      ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"), ("RAY_raylet_start_wait_time_s", "120"),
+                      ("RAY_agent_register_timeout_ms", "120000")):
+    os.environ.setdefault(_name, _value)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from typing import Any  # noqa: E402
+
+
+def _catalog(tmp: pathlib.Path) -> dict[str, str]:
+    (tmp / "wh").mkdir(exist_ok=True)
+    return {"type": "sql", "uri": f"sqlite:///{tmp}/catalog.db", "warehouse": f"file://{tmp}/wh"}
+
+
+def _iceberg_rows(sink: Any) -> Any:
+    table = sink.backend().load()
+    return None if table is None else table.scan(selected_fields=("data",)).to_arrow()
+
+
+def _count(rows: Any) -> int:
+    return 0 if rows is None else int(rows.num_rows)
+
+
+def _parquet_rows(path: pathlib.Path) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 0
+    for f in path.glob("*.parquet"):
+        try:
+            n += pq.read_metadata(f).num_rows
+        except (pa.ArrowInvalid, OSError):  # a file still being written
+            continue
+    return n
+
+
+def _drain(endpoint: str, stream: str, sink: Any, rows: Any, n: int, timeout_s: float) -> float:
+    from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream, StartAt
+
+    broker = KinesisBroker(endpoint=endpoint, region="us-east-1", test_credentials=True,
+                           lease_store=DynamoLeaseStore(f"bench-{uuid.uuid4().hex[:8]}", create_if_missing=True))
+    with broker.connect() as c:
+        sub = c.subscribe(KinesisStream(stream, start_at=StartAt.trim_horizon(), max_shards_per_reader=4), sink=sink)
+        t0 = time.monotonic()
+        while rows() < n:
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"{rows()} of {n} rows after {timeout_s} s")
+            time.sleep(0.05)
+        elapsed = time.monotonic() - t0
+        sub.close()
+    return elapsed
+
+
+def run(args: argparse.Namespace, endpoint: str, tmp: pathlib.Path) -> dict[str, Any]:
+    from kinesis_actors import DatasetSink, KinesisBroker
+    from kinesis_actors.sinks import IcebergSink
+
+    conn = KinesisBroker(endpoint=endpoint, region="us-east-1", test_credentials=True).connect()
+    stream = f"bench-tables-{uuid.uuid4().hex[:8]}"
+    import boto3
+
+    kinesis = boto3.client("kinesis", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x",
+                           aws_secret_access_key="x")
+    kinesis.create_stream(StreamName=stream, ShardCount=args.shards)
+    kinesis.get_waiter("stream_exists").wait(StreamName=stream)
+    payload = b"x" * args.record_bytes
+    pub = conn.publisher(stream)
+    for i in range(0, args.records, 500):
+        pub.put_many([(payload, f"k{j}") for j in range(i, min(i + 500, args.records))])
+    out: dict[str, Any] = {"records": args.records, "shards": args.shards, "record_bytes": args.record_bytes}
+
+    parquet = tmp / "parquet"
+    dsink = DatasetSink(lambda ds: ds.write_parquet(str(parquet)), window_s=1.0, batch_format="pyarrow")
+    out["dataset_s"] = round(_drain(endpoint, stream, dsink, lambda: _parquet_rows(parquet), args.records, 600), 2)
+    dsink.close()
+    isink = IcebergSink("bench.events", catalog=_catalog(tmp), commit_interval_s=1.0)
+    out["iceberg_s"] = round(_drain(endpoint, stream, isink, lambda: _count(_iceberg_rows(isink)), args.records, 600),
+                             2)
+    stats = isink.close()
+    out["dataset_records_per_s"] = round(args.records / out["dataset_s"])
+    out["iceberg_records_per_s"] = round(args.records / out["iceberg_s"])
+    out["iceberg_vs_dataset"] = round(out["dataset_s"] / out["iceberg_s"], 2)
+    out["iceberg_commits_per_min"] = round(stats["commits"] / out["iceberg_s"] * 60, 1)
+    out.update(_latency(endpoint, tmp, args))
+    conn.shutdown()
+    return out
+
+
+def _latency(endpoint: str, tmp: pathlib.Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Publish at ``args.rate`` for ``args.seconds``; each record's latency is the commit time
+    (the snapshot's ``timestamp-ms``) of the first snapshot whose position of its shard reaches
+    its sequence number, minus its publish time (both this host's wall clock)."""
+    import boto3
+
+    from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream, StartAt
+    from kinesis_actors.sinks import IcebergSink
+    from kinesis_actors.sinks.tables.positions import decode_positions
+
+    stream = f"bench-lat-{uuid.uuid4().hex[:8]}"
+    kinesis = boto3.client("kinesis", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x",
+                           aws_secret_access_key="x")
+    kinesis.create_stream(StreamName=stream, ShardCount=args.shards)
+    kinesis.get_waiter("stream_exists").wait(StreamName=stream)
+    sink = IcebergSink("bench.latency", catalog=_catalog(tmp), commit_interval_s=1.0)
+    broker = KinesisBroker(endpoint=endpoint, region="us-east-1", test_credentials=True,
+                           lease_store=DynamoLeaseStore(f"bench-{uuid.uuid4().hex[:8]}", create_if_missing=True))
+    sent: list[tuple[str, int, float]] = []  # shard, sequence number, publish time
+    with broker.connect() as c:
+        sub = c.subscribe(KinesisStream(stream, start_at=StartAt.trim_horizon()), sink=sink)
+        pub = c.publisher(stream)
+        for i in range(int(args.rate * args.seconds)):
+            t = time.time()
+            res = pub.put(f"r{i}".encode(), partition_key=f"r{i}")
+            sent.append((res.shard_id, int(res.sequence_number), t))
+            time.sleep(max(0.0, 1.0 / args.rate - (time.time() - t)))
+        deadline = time.monotonic() + 60
+        while _count(_iceberg_rows(sink)) < len(sent) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        sub.close()
+    table = sink.backend().load()
+    sink.close()
+    commits = []  # (commit time, {shard: sequence number}), oldest first
+    for snap in sorted(table.snapshots(), key=lambda s: s.timestamp_ms):
+        positions = decode_positions(snap.summary.additional_properties if snap.summary else {})
+        commits.append((snap.timestamp_ms / 1000, {k.shard_id: int(p.sequence_number)
+                                                   for k, p in positions.items() if p.sequence_number}))
+    lat = []
+    for shard, seq, t in sent:
+        done = next((ct for ct, pos in commits if pos.get(shard, -1) >= seq), None)
+        if done is not None:
+            lat.append(done - t)
+    lat.sort()
+    if not lat:
+        return {"latency_records": 0}
+    return {"latency_records": len(lat), "latency_p50_s": round(statistics.median(lat), 2),
+            "latency_p99_s": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--record-bytes", type=int, default=1024)
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--rate", type=float, default=50.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    args = parser.parse_args()
+    import ray
+
+    from kinesis_actors.emulator import Emulator
+
+    with Emulator() as emu, tempfile.TemporaryDirectory() as tmp:
+        ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False,
+                 _node_ip_address="127.0.0.1")
+        try:
+            figures = run(args, emu.endpoint, pathlib.Path(tmp))
+        finally:
+            ray.shutdown()
+    figures["load_average"] = round(os.getloadavg()[0], 1)
+    for key, value in figures.items():
+        print(f"{key:>26}: {value}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(figures, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
