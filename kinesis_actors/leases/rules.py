@@ -119,8 +119,7 @@ class LeaseRules:
         Args:
             clock: monotonic clock of the new store (seconds); default: this store's.
             wall_clock: epoch clock of the new store (seconds); default: this store's.
-            rows: the table of the new store (the same rows, e.g. with other client
-                settings); default: ``self.rows.peer()``.
+            rows: the new store's table (the same rows); default: ``self.rows.peer()``.
 
         Returns:
             A store of the same class with an empty observation table (it waits one full
