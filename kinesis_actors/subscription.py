@@ -65,6 +65,11 @@ def _close_ref(actor: Any, grace_s: float, timeout_s: float) -> Any:
     raise InvalidError(f"the Coordinator's close() takes neither timeout_s nor grace_s: {error}")
 
 
+def _left(deadline: float) -> float:
+    """Seconds from now to ``deadline`` (monotonic seconds), 0.0 once it has passed."""
+    return max(0.0, deadline - monotonic_s())
+
+
 def _begin_sink_close(stream: str, sink: GatheringSink, finish_by_s: float) -> float:
     """Tell ``sink`` the close of ``stream``'s subscription begins; how long its readers may wait for it, seconds."""
     finish_by_s = max(0.0, finish_by_s)
@@ -373,8 +378,8 @@ class Subscription:
         gathering = gathering_sink(self.sink)
         try:
             if self._queue is not None and ack:
-                self._ack_at_close(min(_CLOSE_ACK_TIMEOUT_S, self._left(deadline)))
-            self._park_error_at_close(min(_CLOSE_ACK_TIMEOUT_S, self._left(deadline)))
+                self._ack_at_close(min(_CLOSE_ACK_TIMEOUT_S, _left(deadline)))
+            self._park_error_at_close(min(_CLOSE_ACK_TIMEOUT_S, _left(deadline)))
             if isinstance(coordinator, RayCoordinatorRef):
                 self._close_coordinator(coordinator, deadline, timeout_s, gathering)
         finally:
@@ -385,10 +390,6 @@ class Subscription:
             self._discard(self._queue)
         if self._error is not None:
             raise self._error
-
-    @staticmethod
-    def _left(deadline: float) -> float:
-        return max(0.0, deadline - monotonic_s())
 
     def _ack_at_close(self, timeout_s: float) -> None:
         import ray
@@ -422,11 +423,11 @@ class Subscription:
 
         if gathering is not None:
             wait_s = _begin_sink_close(self.stream.name, gathering,
-                                       self._left(deadline) - _GATHER_MARGIN_S - _RELEASE_AFTER_WRITE_S)
-            grace = min(wait_s + _RELEASE_AFTER_WRITE_S, self._left(deadline) - _GATHER_MARGIN_S)
+                                       _left(deadline) - _GATHER_MARGIN_S - _RELEASE_AFTER_WRITE_S)
+            grace = min(wait_s + _RELEASE_AFTER_WRITE_S, _left(deadline) - _GATHER_MARGIN_S)
         else:
-            grace = min(_CLOSE_GRACE_S[self._queue is not None], self._left(deadline) / 2)
-        left = self._left(deadline)
+            grace = min(_CLOSE_GRACE_S[self._queue is not None], _left(deadline) / 2)
+        left = _left(deadline)
         grace = max(0.0, grace)
         try:
             ray.get(_close_ref(coordinator.actor, grace, left), timeout=max(left, 0.001))
