@@ -17,7 +17,9 @@ per shard, idle request rates, ``max_shards_per_reader`` 1 and a cap sweep, a Dy
 table at 1,000), ``peer_kcl_rs`` (ours beside kcl-rs, KCL v3 in Rust, from its own virtualenv
 ``bench/.venv-kclrs``, and async-kinesis and raw boto3: start, throughput, CPU, memory per shard,
 crash failover, graceful stop and balancing of two workers; ``python -m bench.peer_kcl_rs``
-prints its table), ``demo`` (``kinesis-actors demo`` wall time split).
+prints its table), ``skew`` (two hot shards with a CPU-costly ``record_filter``: drain time
+under placement by load against count placement and a pool sized by hand, the time from a
+reader passing ``reader_target_cpu`` to the move), ``demo`` (``kinesis-actors demo`` wall time split).
 
 Every figure in ``results.json`` has ``name``, ``value``, ``unit``, ``anchor`` (what it is
 compared to), ``anchor_value``, ``ratio`` (value / anchor_value), ``goal`` and ``goal_met``.

@@ -33,6 +33,12 @@ wall_s: WallClock = time.time
 """Seconds since the Unix epoch by this host's wall clock: :func:`time.time` itself."""
 
 
+cpu_s: Clock = time.process_time
+"""CPU seconds this process has used (user + system, every thread): :func:`time.process_time`
+itself, bound like :data:`monotonic_s`: the CPU of the load figures (a reader's event loop,
+its I/O threads and its record filter alike)."""
+
+
 def wall_ms() -> int:
     """Milliseconds since the Unix epoch by this host's wall clock, as DynamoDB and Kinesis count."""
     return int(time.time() * 1000)

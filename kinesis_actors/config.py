@@ -19,7 +19,7 @@ from .errors import InvalidError
 from .records import Record, StartAt
 
 __all__ = ["KinesisStream", "validate_stream_name", "positive_duration", "DEFAULT_MAX_SHARDS_PER_READER",
-           "DEFAULT_MAX_BUFFERED_BYTES", "RETRIEVAL_MODES"]
+           "DEFAULT_MAX_BUFFERED_BYTES", "RETRIEVAL_MODES", "BALANCE_MODES"]
 
 DEFAULT_MAX_BUFFERED_BYTES = 64 * 2**20
 """Default byte budget of one reader process (``KinesisStream.max_buffered_bytes``), bytes."""
@@ -36,6 +36,7 @@ holds the GIL)."""
 _STREAM_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
 _CONSUMER_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
 RETRIEVAL_MODES = ("polling", "fanout")
+BALANCE_MODES = ("load", "count")
 _READER_OPTION_KEYS = frozenset(
     {"num_cpus", "num_gpus", "memory", "resources", "scheduling_strategy", "runtime_env", "label_selector"}
 )
@@ -74,6 +75,21 @@ def _positive_int(what: str, value: object, *, allow_none: bool = False) -> None
         return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InvalidError(f"{what} must be a positive int, got {value!r}")
+
+
+def _check_load_fields(cfg: KinesisStream) -> None:
+    """The scaling-with-load keywords of ``cfg``; raises InvalidError naming the bad value."""
+    target = cfg.reader_target_cpu
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
+                               or not math.isfinite(target) or target <= 0):
+        raise InvalidError(f"reader_target_cpu must be a number of cores > 0 or None, got {target!r}")
+    _positive_int("max_readers", cfg.max_readers, allow_none=True)
+    positive_duration("load_window_s", cfg.load_window_s)
+    if cfg.balance_by not in BALANCE_MODES:
+        raise InvalidError(f"balance_by must be one of {list(BALANCE_MODES)}, got {cfg.balance_by!r}")
+    threshold = cfg.balance_threshold
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
+        raise InvalidError(f"balance_threshold must be a fraction of the fair share, 0 < x < 1, got {threshold!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +191,27 @@ class KinesisStream:
             last is acknowledged, so a failure redelivers at most N batches. The checkpoint
             is the highest position below which every record is acknowledged. Needs a push sink.
             Lambda's ``ParallelizationFactor``.
+        reader_target_cpu: cores one ``ShardReader`` process should use at most, averaged
+            over ``load_window_s`` (0.6; None: count placement only). A reader above it for a
+            whole window hands its hottest shard (by CPU share, else bytes/s) to the least
+            loaded reader that stays under it, or to a new reader; readers added for load
+            are drained and stopped when the load fits in fewer at half the target each,
+            never below ``ceil(leases / max_shards_per_reader) + 1`` (at least 2). One
+            process runs Python on one core at a time (the GIL), so a node of C cores
+            carries about ``C / reader_target_cpu`` busy readers.
+        max_readers: most readers load placement grows the pool to (None: no cap but the
+            lease count); the count floor above applies whatever this says.
+        load_window_s: the window of every load figure (reader CPU, shard bytes/s and
+            records/s), seconds (10.0); also the pace of load moves: one per reader per
+            window, one new reader per window, and a shard moved by load stays put for
+            three windows.
+        balance_by: how instances sharing the stream split it: ``"load"`` (default: each
+            steals toward its fair share of the stream's bytes/s, carried in the lease rows
+            as KCL 3.x's ``throughputKBps``; counts when every shard is below 1 KB/s) or
+            ``"count"`` (equal lease counts).
+        balance_threshold: with ``balance_by="load"``, how far below its share an instance
+            may sit before it steals, and how far above its share a steal may take it, a
+            fraction of the share, 0 < x < 1 (0.1, KCL 3.x's default).
 
     Raises:
         InvalidError: any value out of range, named in the message.
@@ -208,6 +245,11 @@ class KinesisStream:
     max_record_age_s: float | None = None
     record_filter: Callable[[Record], bool] | None = None
     parallelization_factor: int = 1
+    reader_target_cpu: float | None = 0.6
+    max_readers: int | None = None
+    load_window_s: float = 10.0
+    balance_by: str = "load"
+    balance_threshold: float = 0.1
 
     def __post_init__(self) -> None:
         validate_stream_name(self.name)
@@ -256,6 +298,7 @@ class KinesisStream:
             raise InvalidError('retrieval="fanout" needs consumer_name= (the stream consumer to register or reuse)')
         if self.retrieval == "polling" and self.consumer_name is not None:
             raise InvalidError(f'consumer_name={self.consumer_name!r} is only used with retrieval="fanout"')
+        _check_load_fields(self)
 
     def delivery_options(self) -> DeliveryOptions:
         """The delivery controls, as the readers receive them (in ``ReaderSpec.delivery``)."""

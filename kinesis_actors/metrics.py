@@ -7,6 +7,8 @@ Two hooks feed them, each called from one place:
   the reader's ``stats`` counters, so the cost is per batch, never per record, and at
   most one export per :data:`EXPORT_INTERVAL_S` (5 s). It also adds ``checkpoint_age_s`` to
   ``stats``, so ``Subscription.stats()`` returns the figures the metrics show.
+* :func:`reader_load_tick` from a ShardReader's load sample (each time the Coordinator
+  asks it for news or figures): the process's CPU over ``load_window_s``, in cores.
 * :func:`coordinator_tick` from the Coordinator's lease poll (every
   ``lease_poll_interval_s``): leases held, taken, lost, readers replaced.
 
@@ -29,6 +31,8 @@ name                                        kind     tags                       
 ``kinesis_actors_batches_bisected``         counter  stream, shard_id, owner_id   failing batches split
 ``kinesis_actors_partial_acks``             counter  stream, shard_id, owner_id   PartialBatchError answers
 ``kinesis_actors_batches_in_flight``        gauge    stream, shard_id, owner_id   unacknowledged batches
+``kinesis_actors_shard_bytes_per_s``        gauge    stream, shard_id, owner_id   bytes/s over load_window_s
+``kinesis_actors_reader_cpu``               gauge    stream, owner_id, pid        reader process CPU, cores
 ``kinesis_actors_leases_held``              gauge    stream, owner_id             readers running
 ``kinesis_actors_leases_taken``             counter  stream, owner_id             leases taken
 ``kinesis_actors_leases_lost``              counter  stream, owner_id             leases lost
@@ -60,8 +64,9 @@ from typing import Any, Protocol
 
 from .clock import monotonic_s, wall_s
 
-__all__ = ["reader_tick", "coordinator_tick", "checkpoint_lag_ms", "MetricsSink", "set_sink", "EXPORT_INTERVAL_S",
-           "SHARD_COUNTERS", "SHARD_GAUGES", "INSTANCE_COUNTERS", "INSTANCE_GAUGES", "PREFIX"]
+__all__ = ["reader_tick", "reader_load_tick", "coordinator_tick", "checkpoint_lag_ms", "MetricsSink", "set_sink",
+           "EXPORT_INTERVAL_S", "SHARD_COUNTERS", "SHARD_GAUGES", "INSTANCE_COUNTERS", "INSTANCE_GAUGES",
+           "READER_GAUGES", "READER_TAGS", "PREFIX"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,7 @@ export is a few ``ray.util.metrics`` calls, which an idle shard would otherwise 
 
 SHARD_TAGS = ("stream", "shard_id", "owner_id")
 INSTANCE_TAGS = ("stream", "owner_id")
+READER_TAGS = ("stream", "owner_id", "pid")
 # metric name -> key of the reader's / coordinator's figures
 SHARD_COUNTERS = {"records_delivered": "records", "bytes_delivered": "bytes",
                   "get_records_calls": "get_records_calls", "throttles": "throttles",
@@ -82,10 +88,11 @@ SHARD_COUNTERS = {"records_delivered": "records", "bytes_delivered": "bytes",
                   "dead_letter_failures": "dead_letter_failures", "records_filtered": "filtered",
                   "batches_bisected": "bisected", "partial_acks": "partial_acks"}
 SHARD_GAUGES = {"millis_behind_latest": "millis_behind_latest", "checkpoint_age_s": "checkpoint_age_s",
-                "batches_in_flight": "batches_in_flight"}
+                "batches_in_flight": "batches_in_flight", "shard_bytes_per_s": "bytes_per_s"}
 INSTANCE_COUNTERS = {"leases_taken": "leases_taken", "leases_lost": "leases_lost",
                      "readers_replaced": "readers_replaced"}
 INSTANCE_GAUGES = {"leases_held": "leases_held"}
+READER_GAUGES = {"reader_cpu": "cpu"}
 _DESCRIPTIONS = {
     "records_delivered": "User records acknowledged by the downstream, per shard.",
     "bytes_delivered": "Payload bytes of the records acknowledged, per shard.",
@@ -102,6 +109,8 @@ _DESCRIPTIONS = {
     "batches_bisected": "Failing batches split in halves by bisect_on_error, per shard.",
     "partial_acks": "PartialBatchError answers that acknowledged part of a batch, per shard.",
     "batches_in_flight": "Batches handed to the downstream and not yet acknowledged (<= parallelization_factor).",
+    "shard_bytes_per_s": "Bytes/s the shard's reader fetched, averaged over load_window_s (0 before a full window).",
+    "reader_cpu": "CPU of one ShardReader process, cores, averaged over load_window_s (0 before a full window).",
     "leases_held": "Shard leases this instance holds (running readers).",
     "leases_taken": "Shard leases this instance took.",
     "leases_lost": "Shard leases this instance lost to another owner or to expiry.",
@@ -124,7 +133,8 @@ class _RayMetrics:
 
         self._metrics: dict[str, Any] = {}
         for names, cls, tags in ((SHARD_COUNTERS, Counter, SHARD_TAGS), (SHARD_GAUGES, Gauge, SHARD_TAGS),
-                                 (INSTANCE_COUNTERS, Counter, INSTANCE_TAGS), (INSTANCE_GAUGES, Gauge, INSTANCE_TAGS)):
+                                 (INSTANCE_COUNTERS, Counter, INSTANCE_TAGS), (INSTANCE_GAUGES, Gauge, INSTANCE_TAGS),
+                                 (READER_GAUGES, Gauge, READER_TAGS)):
             for name in names:
                 self._metrics[name] = cls(PREFIX + name, description=_DESCRIPTIONS[name], tag_keys=tags)
 
@@ -148,6 +158,7 @@ def set_sink(sink: MetricsSink | None) -> None:
         _SINK, _SINK_OVERRIDDEN = sink, sink is not None
         _READERS.clear()
         _INSTANCES.clear()
+        _PROCESSES.clear()
 
 
 def _sink() -> MetricsSink | None:
@@ -182,6 +193,7 @@ class _Exported:
 
 
 _READERS: dict[tuple[str, str, str], _Exported] = {}
+_PROCESSES: dict[tuple[str, str, str], _Exported] = {}
 _INSTANCES: dict[tuple[str, str], _Exported] = {}
 
 
@@ -231,6 +243,31 @@ def reader_tick(spec: Any, stats: dict[str, Any], *, now: float | None = None, f
         state.exported_at = now
         _export_counters(sink, state, SHARD_COUNTERS, stats)
         _export_gauges(sink, state, SHARD_GAUGES, stats)
+    except Exception as e:  # never disturb the read path
+        _warn_once(e)
+
+
+def reader_load_tick(stream: str, owner_id: str, pid: str, figures: Mapping[str, Any], *, now: float,
+                     force: bool = False) -> None:
+    """A reader's load sample: export its ``cpu`` (cores), at most every ``EXPORT_INTERVAL_S``.
+
+    Args:
+        stream / owner_id / pid: the tags (the stream and owner of its shards, its process id).
+        figures: the reader's load figures (``cpu``).
+        now: monotonic seconds. force: export even within ``EXPORT_INTERVAL_S``.
+    """
+    try:
+        key = (stream, owner_id, pid)
+        state = _PROCESSES.get(key)
+        if state is None:
+            state = _PROCESSES[key] = _Exported(dict(zip(READER_TAGS, key)))
+        if not force and now - state.exported_at < EXPORT_INTERVAL_S:
+            return
+        sink = _sink()
+        if sink is None:
+            return
+        state.exported_at = now
+        _export_gauges(sink, state, READER_GAUGES, figures)
     except Exception as e:  # never disturb the read path
         _warn_once(e)
 

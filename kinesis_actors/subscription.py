@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .aws import AwsSettings
-from .clock import monotonic_s
+from .clock import left_until, monotonic_s
 from .config import KinesisStream, positive_duration
 from .errors import InvalidError, KinesisError
 from .leases.protocol import Lease, LeaseStore
 from .records import Record, StartAt
-from .sinks.protocol import GatheringSink, gathering_sink
+from .sinks.protocol import GatheringSink, begin_sink_close, end_sink_close, gathering_sink
 from .supervision import RayCoordinatorRef, Supervisor
 
 if TYPE_CHECKING:
@@ -63,33 +63,6 @@ def _close_ref(actor: Any, grace_s: float, timeout_s: float) -> Any:
         except TypeError as e:
             error = e
     raise InvalidError(f"the Coordinator's close() takes neither timeout_s nor grace_s: {error}")
-
-
-def _left(deadline: float) -> float:
-    """Seconds from now to ``deadline`` (monotonic seconds), 0.0 once it has passed."""
-    return max(0.0, deadline - monotonic_s())
-
-
-def _begin_sink_close(stream: str, sink: GatheringSink, finish_by_s: float) -> float:
-    """Tell ``sink`` the close of ``stream``'s subscription begins; how long its readers may wait for it, seconds."""
-    finish_by_s = max(0.0, finish_by_s)
-    try:
-        return min(finish_by_s, max(0.0, float(sink.begin_close(finish_by_s))))
-    except Exception as e:  # a sink that cannot be told keeps its own rules; the close goes on
-        log.warning("%s: telling the sink %r that the subscription closes failed (%r)", stream, sink, e)
-        return finish_by_s
-
-
-def _end_sink_close(stream: str, sink: GatheringSink) -> None:
-    """Tell ``sink`` the readers of ``stream`` stopped: it drops what it did not write (logged)."""
-    try:
-        dropped = sink.end_close()
-    except Exception as e:
-        log.warning("%s: the sink %r did not drop its unwritten batches at close (%r)", stream, sink, e)
-        return
-    if dropped:
-        log.warning("%s: %d records the sink could not write before the close's deadline were dropped "
-                    "unwritten; the shards' next owner reads them again", stream, dropped)
 
 
 class Subscription:
@@ -318,17 +291,18 @@ class Subscription:
     def stats(self) -> dict[str, Any]:
         """This subscription's figures, from its Coordinator and readers (plain data).
 
-        * ``shards``: per shard id: records, bytes, batches, get_records_calls, throttles,
-          expired_iterators, sink_failures, ``millis_behind_latest`` (ms), checkpoint,
-          checkpoint_age_s, lease_counter, state (a ``ConsumerState`` value), and where
-          its reader runs (``reader`` number, ``node_id``: Ray node id hex, ``pid``).
-        * ``readers``: per ShardReader process: reader, pid, node_id, shards,
-          buffered_bytes / peak_buffered_bytes / max_buffered_bytes (the byte budget),
-          budget_waits, kinesis_call_limit and its cuts.
+        * ``shards``: per shard id: records, bytes, batches, get_records_calls, throttles, expired_iterators,
+          sink_failures, ``millis_behind_latest`` (ms), checkpoint, checkpoint_age_s, lease_counter, state
+          (a ``ConsumerState`` value), ``bytes_per_s`` and ``records_per_s`` (averages over ``load_window_s``,
+          0.0 before a full window), and where its reader runs (``reader``, ``node_id`` in hex, ``pid``).
+        * ``readers``: per ShardReader process: ``id`` (the ``reader`` of its shards), pid, node_id, ``cpu``
+          (cores over ``load_window_s``: 0.0 before a full window, the last known figure while it does not
+          answer), shards (a count), buffered_bytes / peak_buffered_bytes / max_buffered_bytes (the byte
+          budget), budget_waits, kinesis_call_limit and its cuts.
         * ``coordinator``: its pid and node_id.
-        * This instance's lease counts: leases_held, leases_taken, leases_lost,
-          readers_replaced, shards_rehomed, shards_ended, reader_start_failures and the
-          handoff counters; target and live_instances of the balancing plan.
+        * This instance's lease counts: leases_held, leases_taken, leases_lost, readers_replaced,
+          shards_rehomed, shards_moved (moves by load), shards_ended, reader_start_failures and the handoff
+          counters; target and live_instances of the balancing plan.
         """
         figures: dict[str, Any] = self._call("stats")
         return figures
@@ -378,15 +352,15 @@ class Subscription:
         gathering = gathering_sink(self.sink)
         try:
             if self._queue is not None and ack:
-                self._ack_at_close(min(_CLOSE_ACK_TIMEOUT_S, _left(deadline)))
-            self._park_error_at_close(min(_CLOSE_ACK_TIMEOUT_S, _left(deadline)))
+                self._ack_at_close(min(_CLOSE_ACK_TIMEOUT_S, left_until(deadline)))
+            self._park_error_at_close(min(_CLOSE_ACK_TIMEOUT_S, left_until(deadline)))
             if isinstance(coordinator, RayCoordinatorRef):
                 self._close_coordinator(coordinator, deadline, timeout_s, gathering)
         finally:
             if coordinator is not None:
                 coordinator.kill()
             if gathering is not None:  # the readers are stopped: what the sink did not write is dropped
-                _end_sink_close(self.stream.name, gathering)
+                end_sink_close(gathering, self.stream.name)
             self._discard(self._queue)
         if self._error is not None:
             raise self._error
@@ -422,12 +396,12 @@ class Subscription:
         import ray.exceptions as rex
 
         if gathering is not None:
-            wait_s = _begin_sink_close(self.stream.name, gathering,
-                                       _left(deadline) - _GATHER_MARGIN_S - _RELEASE_AFTER_WRITE_S)
-            grace = min(wait_s + _RELEASE_AFTER_WRITE_S, _left(deadline) - _GATHER_MARGIN_S)
+            finish_by_s = left_until(deadline) - _GATHER_MARGIN_S - _RELEASE_AFTER_WRITE_S
+            wait_s = begin_sink_close(gathering, self.stream.name, finish_by_s)
+            grace = min(wait_s + _RELEASE_AFTER_WRITE_S, left_until(deadline) - _GATHER_MARGIN_S)
         else:
-            grace = min(_CLOSE_GRACE_S[self._queue is not None], _left(deadline) / 2)
-        left = _left(deadline)
+            grace = min(_CLOSE_GRACE_S[self._queue is not None], left_until(deadline) / 2)
+        left = left_until(deadline)
         grace = max(0.0, grace)
         try:
             ray.get(_close_ref(coordinator.actor, grace, left), timeout=max(left, 0.001))

@@ -13,6 +13,7 @@ from ..aws import AwsSettings, LazyClient
 from ..config import KinesisStream
 from ..errors import ray_call_errors
 from ..leases.protocol import Lease, LeaseStore
+from ..load.autoscale import ReaderDemand, reader_bundle
 from ..reader import ReaderSpec, ShardEvent
 from ..records import StartAt
 from ..sinks import Sink
@@ -87,9 +88,16 @@ def _launcher(stream: KinesisStream, aws: AwsSettings, store: LeaseStore, lease_
     def launch(_: int) -> ReaderHandle:
         return RayReaderHandle(ShardReader.options(**options).remote(
             store, target, aws, call_timeout_s, stream.max_buffered_bytes,
-            stream_threads=stream.max_shards_per_reader))
+            stream_threads=stream.max_shards_per_reader, load_window_s=stream.load_window_s))
 
     return launch
+
+
+def _reader_demand(stream: KinesisStream) -> ReaderDemand | None:
+    """Readers that need resources (``reader_options``) ask Ray's autoscaler for nodes that can
+    hold them (:class:`ReaderDemand`); readers that need none: None."""
+    bundle = reader_bundle(stream.actor_options())
+    return ReaderDemand(bundle) if bundle else None
 
 
 def make_coordinator_actor() -> Any:
@@ -118,7 +126,8 @@ def make_coordinator_actor() -> Any:
                                         lease_duration_s=lease_duration_s, renew_interval_s=renew_interval_s,
                                         launcher=launch, on_fatal=on_fatal,
                                         # built after the readers launched; retried by call_with_retry alone
-                                        kinesis=LazyClient(lambda: aws.client("kinesis", max_attempts=0)))
+                                        kinesis=LazyClient(lambda: aws.client("kinesis", max_attempts=0)),
+                                        reader_demand=_reader_demand(stream))
 
         async def start(self, timeout_s: float = 120.0) -> None:
             await self.core.start(timeout_s)

@@ -13,8 +13,8 @@ each in its own kept task with its own try/except: a failing part is logged, cou
 The core's phase is one :class:`~.lifecycle.CoordinatorState` (its moves listed once, in
 :data:`~.lifecycle.TRANSITIONS`), read by the pool and the placements through the core's
 :class:`~.lifecycle.Lifecycle`. Its background tasks are held in task sets by concern
-(the tick, its steps, the pool's reader starts, the placements' opens, the rest), which
-the close cancels or waits for as a whole.
+(the tick, its steps, the pool's reader starts, the placements' opens and moves, the load
+rounds, the rest), which the close cancels or waits for as a whole.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from .closing import close_parts
 from .handles import Launcher, ReaderHandle
 from .handoffs import Handoffs
 from .lifecycle import CoordinatorState, Lifecycle
+from .loads import LoadMoves
 from .placements import HeldState, Placements
 from .poll import LeasePoll, PollOutcome, Taken
 from .pool import PooledReader, ReaderPool
@@ -54,7 +55,7 @@ T = TypeVar("T")
 _START_FAILURES_FATAL = 3  # reader starts failing in a row that end a first pass early
 _STRAGGLER_WAIT_S = 5.0  # first pass: how long to wait for a slow reader once the others have room
 _STORE_THREADS = 16  # threads for the Coordinator's lease-store calls (takes of a poll run in parallel)
-_COUNTERS = ("leases_taken", "leases_lost", "readers_replaced", "shards_rehomed", "shards_ended",
+_COUNTERS = ("leases_taken", "leases_lost", "readers_replaced", "shards_rehomed", "shards_moved", "shards_ended",
              "reader_start_failures", "handoffs_requested", "handoffs_received", "handoffs_forced",
              "leases_handed_over", "step_failures", "store_errors")
 
@@ -90,10 +91,13 @@ class CoordinatorCore:
             forced, seconds (default 2 x ``lease_duration_s``).
         reader_start_timeout_s: how long a new reader may take to answer, seconds.
         clock: monotonic clock, seconds; sleep: the matching sleep (every timer uses them).
+        reader_demand: a :class:`~kinesis_actors.load.autoscale.ReaderDemand` asking Ray's
+            autoscaler for nodes that can hold readers (None: never).
 
     Attributes:
-        leases / pool / placements / handoffs / presence: the parts (:class:`LeasePoll`,
-            :class:`ReaderPool`, :class:`Placements`, :class:`Handoffs`, :class:`Presence`).
+        leases / pool / placements / handoffs / presence / loads: the parts (:class:`LeasePoll`,
+            :class:`ReaderPool`, :class:`Placements`, :class:`Handoffs`, :class:`Presence`,
+            :class:`~.loads.LoadMoves`).
         counters: this instance's counters (leases taken, lost, handed over, handoffs,
             reader starts failed, ``step_failures``, ``store_errors``, ...).
         lifecycle: the :class:`~.lifecycle.Lifecycle` (its ``state``, a :class:`~.lifecycle.CoordinatorState`).
@@ -104,7 +108,8 @@ class CoordinatorCore:
                  lease_duration_s: float, renew_interval_s: float, launcher: Launcher, kinesis: Any,
                  on_fatal: Callable[[BaseException], Any] | None = None, call_timeout_s: float = 30.0,
                  handoff_timeout_s: float | None = None, reader_start_timeout_s: float = 60.0,
-                 clock: Callable[[], float] = monotonic_s, sleep: Sleep = asyncio.sleep) -> None:
+                 clock: Callable[[], float] = monotonic_s, sleep: Sleep = asyncio.sleep,
+                 reader_demand: Any = None) -> None:
         self.stream, self.aws, self.store, self.owner_id = stream, aws, store, owner_id
         self.lease_duration_s, self.renew_interval_s = lease_duration_s, renew_interval_s
         self.max_shards_per_reader = stream.max_shards_per_reader
@@ -122,7 +127,7 @@ class CoordinatorCore:
                                tasks=self._tasks, closing=lambda: self.lifecycle.closing, counters=self.counters,
                                clock=clock, sleep=sleep,
                                call_timeout_s=call_timeout_s, start_timeout_s=reader_start_timeout_s,
-                               retry_s=min(1.0, renew_interval_s))
+                               retry_s=min(1.0, renew_interval_s), demand=reader_demand)
         self.placements = Placements(pool=self.pool, take=self.leases.take, io=self._io, store=store,
                                      stream=stream.name, owner_id=owner_id, spec=self._spec,
                                      on_finished=self.leases.finished.add, closing=lambda: self.lifecycle.closing,
@@ -133,6 +138,8 @@ class CoordinatorCore:
                                  tasks=self._tasks, counters=self.counters, call_timeout_s=call_timeout_s)
         self.presence = Presence(store=store, io=self._io, stream=stream.name, owner_id=owner_id,
                                  duration_s=lease_duration_s, counters=self.counters)
+        self.loads = LoadMoves(stream=stream, pool=self.pool, placements=self.placements, counters=self.counters,
+                               clock=clock, grace_s=5.0)
         self._error: BaseException | None = None  # the parked fatal error (state FAILED once closed)
         self._ended = asyncio.Event()  # set on reaching CLOSED or FAILED
         self.tick = Tick(stream.name, lifecycle=self.lifecycle, clock=clock, sleep=sleep, counters=self.counters,
@@ -211,6 +218,7 @@ class CoordinatorCore:
         finally:
             self.pool.update(len(self.placements.held))
             self.placements.update()
+            self.loads.update()  # placement by load: figures, plan, moves (in the background)
 
     async def close(self, *, release: bool = True, grace_s: float = 5.0, timeout_s: float = 15.0) -> None:
         """Stop the tick and every reader within ``timeout_s``; with ``release`` the leases
@@ -244,6 +252,7 @@ class CoordinatorCore:
         deadline = self._clock() + timeout_s
         await self.tick.stop()
         await self.pool.starts.cancel()
+        await self.loads.rounds.cancel()  # a load round's moves already run with the opens
         # opens under way: let them land (bounded), so they are stopped too
         await self.placements.opens.settle(max(0.0, min(grace_s, deadline - self._clock())))
         await close_parts(self, release=release, grace_s=grace_s, deadline=deadline, clock=self._clock,

@@ -114,7 +114,7 @@ class Placements:
         self._stream, self._owner = stream, owner_id
         self._spec, self._on_finished = spec, on_finished
         self._closing, self.counters, self._clock = closing, counters, clock
-        self.opens = TaskSet(counters)  # opens and placing rounds under way (the close lets them land)
+        self.opens = TaskSet(counters)  # opens, placing rounds and moves under way (the close lets them land)
         self._call_timeout_s = call_timeout_s
         self.held: dict[str, Held] = {}
 
@@ -197,10 +197,11 @@ class Placements:
             placing.append(held)
         await asyncio.gather(*(self._rehome(h) for h in placing))
 
-    async def _rehome(self, held: Held) -> None:
+    async def _rehome(self, held: Held, *, moved: bool = False) -> None:
         """Re-take ``held``'s row under this owner (the counter rises: the old loops are
         fenced) and open it on the reader it was placed on. If that reader dies meanwhile,
-        the lease is WAITING again and placed again at once."""
+        the lease is WAITING again and placed again at once. Counted in ``shards_moved``
+        for a move by load (``moved``), else in ``shards_rehomed``."""
         shard_id, reader = held.shard.shard_id, held.reader
         try:
             held.taken_at = self._clock()
@@ -213,7 +214,7 @@ class Placements:
                     await self._io(self._store.release, lease)
                 return
             if held.state is HeldState.PLACING and held.reader is reader:
-                self.counters["shards_rehomed"] += 1
+                self.counters["shards_moved" if moved else "shards_rehomed"] += 1
                 held.lease = lease
                 held.move(HeldState.OPENING)
                 await self.open(held)
@@ -235,6 +236,30 @@ class Placements:
             if row is None or row.owner != self._owner:
                 return None
         return None
+
+    async def move(self, shard_id: str, source_id: int, target_id: int, *, grace_s: float) -> bool:
+        """Move an OPEN lease from reader ``source_id`` to READY reader ``target_id`` (a graceful
+        handoff inside the instance): the lease is placed on the target first (PLACING, so no
+        other round places it and the source's report of the ending is stale), the source's
+        consumer stops without releasing (it finishes the batch in flight within ``grace_s``
+        and checkpoints what was acknowledged), then the row is re-taken under our owner id
+        (the counter rises) and opened on the target after that checkpoint. False when the
+        lease is not OPEN on the source, or the target is not READY."""
+        held, target = self.held.get(shard_id), self._pool.readers.get(target_id)
+        source = held.reader if held is not None else None
+        if (held is None or source is None or source.id != source_id or held.state is not HeldState.OPEN
+                or target is None or not target.ready or self.closing or source.handle is None):
+            return False
+        held.move(HeldState.WAITING)
+        held.move(HeldState.PLACING, target)
+        self.counters.setdefault("shards_moved", 0)
+        try:
+            await asyncio.wait_for(source.handle.stop(shard_id, False, grace_s), grace_s + self._call_timeout_s)
+        except (ReaderGone, ReaderUnreachable, asyncio.TimeoutError) as e:  # the re-take fences what is left
+            log.info("shard %s: reader %d did not confirm the stop (%r); re-taking it", shard_id, source.id, e)
+        log.info("shard %s: moving from reader %d to reader %d", shard_id, source.id, target.id)
+        await self._rehome(held, moved=True)
+        return True
 
     # ------------------------------------------------------------------ endings
     def reader_gone(self, reader: PooledReader) -> list[str]:

@@ -34,6 +34,7 @@ from ..balancing import BalancePlan, ShardState, plan_leases
 from ..config import KinesisStream
 from ..kinesis import ShardInfo, describe_stream, list_shards
 from ..leases.protocol import Lease, LeaseStore
+from ..load.throughput import BalanceMemory, plan_by_throughput
 
 __all__ = ["PollState", "TableView", "Taken", "PollOutcome", "LeasePoll"]
 
@@ -112,6 +113,7 @@ class LeasePoll:
         self.last_read_s = 0.0
         self.last_plan: BalancePlan | None = None
         self._last_steal = float("-inf")
+        self.memory = BalanceMemory(3 * stream.load_window_s)  # balance_by="load": figures and damping
 
     # ------------------------------------------------------------------ shards
     async def sync_shards(self) -> None:
@@ -177,12 +179,21 @@ class LeasePoll:
         return True
 
     def plan(self, view: TableView, held: Iterable[str]) -> BalancePlan:
-        """The balancing plan over ``view`` (steals at most once per lease-poll interval)."""
+        """The balancing plan over ``view`` (steals at most once per lease-poll interval): by
+        the rows' throughput with ``balance_by="load"``
+        (:func:`~kinesis_actors.load.throughput.plan_by_throughput`), else by count."""
         may_steal = view.read_at - self._last_steal >= 0.9 * self.stream.lease_poll_interval_s
         states = [self._shard_state(sid, view.rows.get(sid)) for sid in view.readable]
-        plan = plan_leases(self.owner_id, states, held=held, live_instances=view.live,
-                           max_leases=self.stream.max_leases,
-                           max_leases_to_steal=self.stream.max_leases_to_steal if may_steal else 0)
+        steal = self.stream.max_leases_to_steal if may_steal else 0
+        if self.stream.balance_by == "load":
+            seen = {sid: (row.owner, row.throughput_kbps) for sid, row in view.rows.items()}
+            kbps, settling = self.memory.observe(seen, view.read_at)
+            plan = plan_by_throughput(self.owner_id, states, kbps, held=held, live_instances=view.live,
+                                      max_leases=self.stream.max_leases, max_leases_to_steal=steal,
+                                      balance_threshold=self.stream.balance_threshold, settling=settling)
+        else:
+            plan = plan_leases(self.owner_id, states, held=held, live_instances=view.live,
+                               max_leases=self.stream.max_leases, max_leases_to_steal=steal)
         if plan.steal:
             self._last_steal = view.read_at
         self.last_plan = plan

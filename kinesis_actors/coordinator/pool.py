@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ..backoff import Backoff
+from ..load.autoscale import ReaderDemand
 from ..reader import ShardEvent
 from ..reader.timers import wait_event, wait_first
 from .handles import Launcher, ReaderGone, ReaderHandle, ReaderUnreachable
@@ -55,7 +56,8 @@ TRANSITIONS: Mapping[ReaderState, frozenset[ReaderState]] = {
 class PooledReader:
     """One reader of the pool: its id, its handle (None until launched), its state.
 
-    ``gone`` is set when the state becomes GONE, so opens waiting on it give up at once.
+    ``gone`` is set when the state becomes GONE, so opens waiting on it give up at once;
+    ``figures`` are the reader's last answered figures (``cpu``, ``pid``, ``node_id``...).
     """
 
     id: int
@@ -63,6 +65,7 @@ class PooledReader:
     state: ReaderState = ReaderState.STARTING
     watch: asyncio.Task[None] | None = None
     gone: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    figures: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def move(self, to: ReaderState) -> None:
         """Change state along :data:`TRANSITIONS`. Raises AssertionError on any other move."""
@@ -110,6 +113,8 @@ class ReaderPool:
         call_timeout_s: the timeout of each reader call, seconds.
         start_timeout_s: how long a new reader may take to answer, seconds.
         retry_s: the pause after a failed ``events`` call, seconds.
+        demand: asks Ray's autoscaler for nodes when no node can hold a reader (None: never);
+            a reader is started only once it admits it, so no pending actor waits for a node.
     """
 
     def __init__(self, *, launch: Launcher, max_shards_per_reader: int, load: Callable[[int], int],
@@ -117,8 +122,9 @@ class ReaderPool:
                  on_gone: Callable[[PooledReader, BaseException], Awaitable[None]],
                  on_ready: Callable[[], None], tasks: TaskSet, closing: Callable[[], bool], counters: dict[str, int],
                  clock: Callable[[], float], sleep: Sleep, call_timeout_s: float, start_timeout_s: float,
-                 retry_s: float) -> None:
+                 retry_s: float, demand: ReaderDemand | None = None) -> None:
         self._launch = launch
+        self.demand = demand
         self.cap = max_shards_per_reader
         self._load = load
         self._on_event, self._on_gone, self._on_ready = on_event, on_gone, on_ready
@@ -133,6 +139,7 @@ class ReaderPool:
         self.failures_in_a_row = 0
         self.last_start_error: BaseException | None = None
         self.room = asyncio.Event()  # set when a reader becomes ready or a lease ends
+        self.wanted = 0  # readers placement by load wants (the pool keeps at least this many)
 
     @property
     def closing(self) -> bool:
@@ -162,23 +169,30 @@ class ReaderPool:
         return None if rid is None else self.readers[rid]
 
     # ------------------------------------------------------------------ upkeep
+    def size(self, leases: int) -> int:
+        """Readers to keep for ``leases``: :func:`pool_size`, or more when load placement wants them."""
+        return max(pool_size(leases, self.cap), self.wanted)
+
     def update(self, leases: int) -> None:
-        """Keep the pool at :func:`pool_size` of ``leases``: start readers in the background
+        """Keep the pool at :meth:`size` of ``leases``: start readers in the background
         (after a failed start, once its backoff passed), kill idle READY readers beyond it."""
         if self.closing:
             return
         self.grow(leases)
-        target = pool_size(leases, self.cap)
+        target = self.size(leases)
         idle = [r for r in self.ready() if self._load(r.id) == 0]
         for reader in sorted(idle, key=lambda r: -r.id)[:max(0, len(self.readers) - target)]:
             log.info("reader %d idle beyond the pool size (%d); stopping it", reader.id, target)
             self.drop(reader)
 
     def grow(self, leases: int) -> None:
-        """Start readers in parallel until the pool has :func:`pool_size` of ``leases``."""
+        """Start readers in parallel until the pool has :meth:`size` of ``leases``."""
         if self.closing or self._clock() < self._backoff_until:
             return
-        for _ in range(max(0, pool_size(leases, self.cap) - len(self.readers))):
+        want = self.size(leases)
+        if want > len(self.readers) and self.demand is not None and not self.demand.admit(want):
+            return  # no node can hold a reader: asked of the autoscaler, started at a later upkeep
+        for _ in range(max(0, want - len(self.readers))):
             reader = PooledReader(next(self._ids))
             self.readers[reader.id] = reader
             self.starts.spawn(self._start(reader), f"reader-{reader.id}")
@@ -192,6 +206,8 @@ class ReaderPool:
         if reader.handle is not None:
             reader.handle.kill()
         self.readers.pop(reader.id, None)
+        if self.demand is not None:
+            self.demand.follow(len(self.readers))  # the autoscaler's request shrinks as readers go
 
     async def _start(self, reader: PooledReader) -> None:
         """Launch ``reader`` and wait until it answers; on failure drop it and back off.

@@ -76,8 +76,11 @@ async def collect_stats(readers: list[PooledReader], loads: dict[int, int], last
     """Ask every READY reader for its figures in parallel (each within :data:`STATS_TIMEOUT_S`).
 
     Updates ``last`` (shard id -> its last figures, with ``node_id``, ``pid`` and ``reader``)
-    and drops from it the shards no longer ``held``; returns the per-reader figures, with
-    ``unreachable`` (the error) for a reader that did not answer in time or died.
+    and drops from it the shards no longer ``held``; returns the per-reader figures (``id``,
+    the ``reader`` of its shards; ``pid``, ``node_id``, ``cpu`` in cores; ``shards``, a
+    count), with ``unreachable`` (the error) for a reader that did not answer in time or
+    died, which keeps its last known ``cpu``, ``pid`` and ``node_id`` (kept on
+    :attr:`PooledReader.figures`).
     """
     from .handles import ReaderGone, ReaderUnreachable
 
@@ -88,9 +91,12 @@ async def collect_stats(readers: list[PooledReader], loads: dict[int, int], last
         try:
             got = await asyncio.wait_for(reader.handle.stats(), STATS_TIMEOUT_S)
         except (ReaderGone, ReaderUnreachable, asyncio.TimeoutError) as e:  # say so; keep its shards' figures
-            out.append({"reader": reader.id, "unreachable": repr(e)[:200], "shards": loads.get(reader.id, 0)})
+            known: dict[str, Any] = {k: reader.figures[k] for k in ("cpu", "pid", "node_id") if k in reader.figures}
+            out.append({"reader": reader.id, "id": reader.id, "cpu": 0.0, **known, "unreachable": repr(e)[:200],
+                        "shards": loads.get(reader.id, 0)})
             return
-        out.append({"reader": reader.id, **got["reader"]})
+        reader.figures = dict(got["reader"])
+        out.append({"reader": reader.id, "id": reader.id, "cpu": 0.0, **got["reader"]})
         for sid, figures in got["shards"].items():
             last[sid] = {**figures, **{k: got["reader"].get(k) for k in ("node_id", "pid")}, "reader": reader.id}
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import re
 import threading
 from collections.abc import Iterable, Mapping
@@ -61,13 +62,15 @@ def _method_name(operation: str) -> str:
 
 
 def to_attr(value: Any) -> dict[str, Any]:
-    """Python value -> DynamoDB AttributeValue (str: S, int: N, tuple/list/set of str: SS)."""
+    """Python value -> DynamoDB AttributeValue (str: S, int and finite float: N, tuple/list/set of str: SS)."""
     if isinstance(value, bool):
         return {"BOOL": value}
     if isinstance(value, str):
         return {"S": value}
     if isinstance(value, int):
         return {"N": str(value)}
+    if isinstance(value, float) and math.isfinite(value):
+        return {"N": repr(value)}
     if isinstance(value, (tuple, list, set, frozenset)):
         return {"SS": sorted(str(v) for v in value)}
     raise TypeError(f"cannot store {type(value).__name__} in the lease table")

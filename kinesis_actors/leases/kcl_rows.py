@@ -82,6 +82,7 @@ from .rows import (
     STREAM_ARN,
     STREAM_CREATION_MS,
     SUB_SEQUENCE,
+    THROUGHPUT,
     WRITE_TOKEN,
     Row,
     lease_key,
@@ -89,7 +90,8 @@ from .rows import (
 
 __all__ = ["K_KEY", "K_OWNER", "K_COUNTER", "K_SWITCHES", "K_CHECKPOINT", "K_SUB", "K_PENDING", "K_PENDING_SUB",
            "K_PENDING_STATE", "K_PARENTS", "K_CHILDREN", "K_CHECKPOINT_OWNER", "K_ENTITY", "K_STREAM_NAME",
-           "K_SHARD_ID", "K_START_HASH", "K_END_HASH", "A_CHECKPOINT", "A_START", "A_TOKEN", "A_ARN", "A_CREATED",
+           "K_SHARD_ID", "K_THROUGHPUT", "K_START_HASH", "K_END_HASH", "A_CHECKPOINT", "A_START", "A_TOKEN",
+           "A_ARN", "A_CREATED",
            "TRIM_HORIZON", "LATEST", "AT_TIMESTAMP", "SENTINELS", "PENDING", "is_lease_item", "stream_of_identifier",
            "multi_stream_identifier", "start_checkpoint", "item_to_row", "new_item", "view_row"]
 
@@ -111,6 +113,7 @@ K_CHECKPOINT_OWNER = "checkpointOwner"
 K_ENTITY = "entityType"
 K_STREAM_NAME = "streamName"  # multi-stream: the stream identifier "account:stream:creationEpoch"
 K_SHARD_ID = "shardId"  # multi-stream only
+K_THROUGHPUT = "throughputKBps"  # KCL 3.x: the lease's recent throughput, KB/s (KCL 2.x ignores it)
 
 # Ours (KCL ignores them).
 A_CHECKPOINT = "kinesisActorsCheckpoint"
@@ -241,6 +244,8 @@ def item_to_row(item: Mapping[str, Any], stream: str, shard_id: str, duration_ms
     if isinstance(item.get(A_ARN), str) and item.get(A_CREATED) is not None:
         row[STREAM_ARN] = item[A_ARN]
         row[STREAM_CREATION_MS] = int(item[A_CREATED])
+    if isinstance(item.get(K_THROUGHPUT), (int, float)):
+        row[THROUGHPUT] = float(item[K_THROUGHPUT])
     return row
 
 

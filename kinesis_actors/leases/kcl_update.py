@@ -49,6 +49,7 @@ from .kcl_rows import (
     K_PENDING_SUB,
     K_SUB,
     K_SWITCHES,
+    K_THROUGHPUT,
     PENDING,
     start_checkpoint,
 )
@@ -62,6 +63,7 @@ from .rows import (
     STREAM_ARN,
     STREAM_CREATION_MS,
     SUB_SEQUENCE,
+    THROUGHPUT,
     WRITE_TOKEN,
 )
 
@@ -214,6 +216,8 @@ def kcl_update(
     if STREAM_ARN in set_fields and STREAM_CREATION_MS in set_fields:
         b.set(A_ARN, set_fields[STREAM_ARN])
         b.set(A_CREATED, int(set_fields[STREAM_CREATION_MS]))
+    if THROUGHPUT in set_fields:
+        b.set(K_THROUGHPUT, float(set_fields[THROUGHPUT]))
     if set_fields.get(PARENTS):
         b.set(K_PARENTS, tuple(sorted(set_fields[PARENTS])))
     elif PARENTS in removed:

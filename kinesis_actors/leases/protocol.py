@@ -19,6 +19,8 @@ attribute                        type meaning
 ``stream_arn``                   S    the stream's ARN when the row was (re)started
 ``stream_creation_ms``           N    the stream's creation time, epoch ms: with the ARN,
                                       which incarnation of the stream the row belongs to
+``throughput_kbps``              N    the shard's recent throughput, KB/s, written by its
+                                      holder with each renewal (KCL 3.x's ``throughputKBps``)
 ``lease_write_token``            S    random, new on every write that raises the counter:
                                       a writer tells its own write that landed although
                                       the call failed (a retried ``UpdateItem``)
@@ -69,6 +71,8 @@ class Lease:
             belongs to (``DescribeStreamSummary``'s ARN and creation time), or None on a
             row written without it. A stream deleted and re-created under the same name
             has another identity: its old rows' checkpoints are never applied.
+        throughput_kbps: the shard's throughput its holder measured (KB/s, a moving average
+            over ``load_window_s``), written with its renewals; None until one was written.
     """
 
     stream: str
@@ -84,6 +88,7 @@ class Lease:
     next_owner: str | None = None
     stream_arn: str | None = None
     stream_creation_ms: int | None = None
+    throughput_kbps: float | None = None
 
     @property
     def key(self) -> str:
@@ -174,12 +179,15 @@ class LeaseStore(Protocol):
         another ``stream_identity`` (ARN, creation ms) is restarted (its checkpoint dropped)."""
         ...
 
-    def renew(self, lease: Lease, *, duration_s: float | None = None) -> Lease:
-        """Extend a held lease (counter +1). ``LeaseLostError`` if not held any more."""
+    def renew(self, lease: Lease, *, duration_s: float | None = None, throughput_kbps: float | None = None) -> Lease:
+        """Extend a held lease (counter +1), with the shard's ``throughput_kbps`` when given (the
+        same write). ``LeaseLostError`` if not held any more."""
         ...
 
-    def checkpoint(self, lease: Lease, sequence_number: str, *, sub_sequence: int | None = None) -> Lease:
-        """Record the last acknowledged sequence number (or ``SHARD_END``); counter +1."""
+    def checkpoint(self, lease: Lease, sequence_number: str, *, sub_sequence: int | None = None,
+                   throughput_kbps: float | None = None) -> Lease:
+        """Record the last acknowledged sequence number (or ``SHARD_END``); counter +1; with the
+        shard's ``throughput_kbps`` when given (the same write)."""
         ...
 
     def set_start_position(self, lease: Lease, position: str) -> Lease:

@@ -42,9 +42,9 @@ from .protocol import SHARD_END, Instance, Lease
 
 __all__ = ["Row", "LeaseTable", "LocalRows", "KEY", "STREAM", "SHARD_ID", "OWNER", "COUNTER", "DURATION_MS",
            "EXPIRY", "CHECKPOINT", "SUB_SEQUENCE", "START_POSITION", "PARENTS", "NEXT_OWNER", "STREAM_ARN",
-           "STREAM_CREATION_MS", "WRITE_TOKEN", "lease_key", "presence_key", "validate_names",
+           "STREAM_CREATION_MS", "WRITE_TOKEN", "THROUGHPUT", "lease_key", "presence_key", "validate_names",
            "validate_checkpoint", "duration_to_ms", "is_shard_row", "is_presence_row", "row_to_lease",
-           "row_to_instance", "validate_held", "take_args", "take_fields", "ExpiryObserver"]
+           "row_to_instance", "validate_held", "take_args", "take_fields", "throughput_fields", "ExpiryObserver"]
 
 logger = logging.getLogger("kinesis_actors.leases")
 
@@ -66,6 +66,7 @@ NEXT_OWNER = "lease_next_owner"
 STREAM_ARN = "stream_arn"
 STREAM_CREATION_MS = "stream_creation_ms"
 WRITE_TOKEN = "lease_write_token"  # random, per write that raises the counter: tells our own landed write
+THROUGHPUT = "throughput_kbps"  # the shard's recent KB/s, written with renewals (KCL 3.x: throughputKBps)
 
 
 _SEQUENCE_RE = re.compile(r"^[0-9]{1,128}$")
@@ -166,7 +167,23 @@ def row_to_lease(row: Mapping[str, Any]) -> Lease:
         next_owner=row.get(NEXT_OWNER),
         stream_arn=row.get(STREAM_ARN),
         stream_creation_ms=None if row.get(STREAM_CREATION_MS) is None else int(row[STREAM_CREATION_MS]),
+        throughput_kbps=None if row.get(THROUGHPUT) is None else float(row[THROUGHPUT]),
     )
+
+
+def throughput_fields(throughput_kbps: object) -> Row:
+    """What a holder's write sets for the shard's throughput: ``{}`` for None (the row keeps
+    its figure), else ``{THROUGHPUT: KB/s}`` rounded to 3 places.
+
+    Raises:
+        InvalidError: not a finite, non-negative number of KB/s (before any I/O).
+    """
+    if throughput_kbps is None:
+        return {}
+    if isinstance(throughput_kbps, bool) or not isinstance(throughput_kbps, (int, float)) \
+            or not math.isfinite(throughput_kbps) or throughput_kbps < 0:
+        raise InvalidError(f"throughput_kbps must be a finite number of KB/s >= 0, got {throughput_kbps!r}")
+    return {THROUGHPUT: round(float(throughput_kbps), 3)}
 
 
 def validate_held(lease: object, operation: str) -> Lease:

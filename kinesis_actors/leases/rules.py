@@ -30,7 +30,7 @@ import builtins
 import logging
 import threading
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from ..clock import Clock, WallClock, monotonic_s, wall_s
@@ -62,6 +62,7 @@ from .rows import (
     row_to_lease,
     take_args,
     take_fields,
+    throughput_fields,
     validate_checkpoint,
     validate_held,
     validate_names,
@@ -145,9 +146,6 @@ class LeaseRules:
         """Nothing to release (``MemoryLeaseStore`` kills its actor)."""
 
     # ------------------------------------------------------------------ expiry
-    def _note(self, row: Mapping[str, Any]) -> None:
-        self._expiry.note(row)
-
     def _expiry_ms(self, duration_ms: int) -> int:
         return int(self.wall_clock() * 1000) + duration_ms
 
@@ -192,7 +190,7 @@ class LeaseRules:
             if parents:
                 item[PARENTS] = tuple(sorted(set(parents)))
             if self._table.put_new(item):
-                self._note(item)
+                self._expiry.note(item)
                 return row_to_lease(item)
             row = self._table.read(key)  # lost the creation race: judge the winner's row
         if row is None or self._held_live_by_another(row, owner):
@@ -202,14 +200,14 @@ class LeaseRules:
         if new is None:
             logger.debug("lease %s: %s lost the race to take it", key, owner)
             return None
-        self._note(new)
+        self._expiry.note(new)
         if row.get(OWNER) not in (None, owner):
             logger.info("lease %s taken by %s from %s (expired)", key, owner, row.get(OWNER))
         return row_to_lease(new)
 
     def _held_live_by_another(self, row: Row, owner: str) -> bool:
         """Note ``row``; True when another owner holds it and it is not expired for this store."""
-        self._note(row)
+        self._expiry.note(row)
         holder = row.get(OWNER)
         return holder is not None and holder != owner and not self._expiry.expired(
             row[KEY], int(row[COUNTER]), int(row.get(DURATION_MS, 0)))
@@ -221,7 +219,7 @@ class LeaseRules:
         row = self._table.read(lease_key(stream, shard_id))
         if row is None or not is_shard_row(row):
             return None
-        self._note(row)
+        self._expiry.note(row)
         return row_to_lease(row)
 
     def list(self, stream: str) -> builtins.list[Lease]:
@@ -240,7 +238,7 @@ class LeaseRules:
     def _shard_leases(self, rows: Iterable[Row], stream: str) -> builtins.list[Lease]:
         shard_rows = [row for row in rows if is_shard_row(row, stream)]
         for row in shard_rows:
-            self._note(row)
+            self._expiry.note(row)
         return sorted((row_to_lease(row) for row in shard_rows), key=lambda lease: lease.shard_id)
 
     # ------------------------------------------------------------------ the holder's writes
@@ -278,38 +276,42 @@ class LeaseRules:
                             key, lease.owner, operation)
                 with self._lock:
                     self._unconfirmed.pop(key, None)
-                self._note(row)
+                self._expiry.note(row)
                 return self._holder_write(row_to_lease(row), operation, set_fields, remove)
             new = row  # this very write landed on an earlier attempt
         with self._lock:
             self._unconfirmed.pop(key, None)
-        self._note(new)
+        self._expiry.note(new)
         return row_to_lease(new)
 
-    def renew(self, lease: Lease, *, duration_s: float | None = None) -> Lease:
-        """Extend a held lease (counter +1); ``duration_s`` None keeps ``lease.duration_ms``.
+    def renew(self, lease: Lease, *, duration_s: float | None = None, throughput_kbps: float | None = None) -> Lease:
+        """Extend a held lease (counter +1); ``duration_s`` None keeps ``lease.duration_ms``;
+        ``throughput_kbps`` (the shard's KB/s) is set in the same write, None keeps the row's.
 
         Raises:
-            InvalidError: no owner, or a bad duration (before any I/O).
+            InvalidError: no owner, a bad duration or throughput (before any I/O).
             LeaseLostError: not held at that counter any more; nothing changed.
             LeaseStoreError: the table is missing or unreachable (``retriable`` when transient).
         """
         validate_held(lease, "renew")
         duration_ms = duration_to_ms(duration_s) if duration_s is not None else max(1, lease.duration_ms)
-        return self._holder_write(lease, "renew", {DURATION_MS: duration_ms, EXPIRY: self._expiry_ms(duration_ms)})
+        return self._holder_write(lease, "renew", {DURATION_MS: duration_ms, EXPIRY: self._expiry_ms(duration_ms),
+                                                   **throughput_fields(throughput_kbps)})
 
-    def checkpoint(self, lease: Lease, sequence_number: str, *, sub_sequence: int | None = None) -> Lease:
+    def checkpoint(self, lease: Lease, sequence_number: str, *, sub_sequence: int | None = None,
+                   throughput_kbps: float | None = None) -> Lease:
         """Record the last acknowledged sequence number (or ``SHARD_END``); counter +1, so it
         renews the lease in the same write. ``sub_sequence`` (inside a KPL aggregate) None
-        removes it.
+        removes it; ``throughput_kbps`` as :meth:`renew`.
 
         Raises:
-            InvalidError: no owner, or neither decimal digits nor ``SHARD_END`` (before any I/O).
+            InvalidError: no owner, neither decimal digits nor ``SHARD_END``, a bad throughput.
             LeaseLostError / LeaseStoreError: as :meth:`renew`.
         """
         validate_held(lease, "checkpoint")
         validate_checkpoint(sequence_number, sub_sequence)
-        fields: Row = {CHECKPOINT: sequence_number, EXPIRY: self._expiry_ms(max(1, lease.duration_ms))}
+        fields: Row = {CHECKPOINT: sequence_number, EXPIRY: self._expiry_ms(max(1, lease.duration_ms)),
+                       **throughput_fields(throughput_kbps)}
         if sub_sequence is None:
             return self._holder_write(lease, "checkpoint", fields, (SUB_SEQUENCE,))
         fields[SUB_SEQUENCE] = int(sub_sequence)
@@ -375,7 +377,7 @@ class LeaseRules:
         new = self._table.update(lease_key(stream, shard_id), None, expect_counter, {NEXT_OWNER: owner}, (),
                                  check_owner=False)
         if new is not None:
-            self._note(new)
+            self._expiry.note(new)
         return new is not None
 
     def withdraw_handoff(self, stream: str, shard_id: str, *, owner: str) -> bool:
@@ -391,7 +393,7 @@ class LeaseRules:
             return True
         new = self._table.update(key, None, int(row[COUNTER]), {}, (NEXT_OWNER,), check_owner=False)
         if new is not None:
-            self._note(new)
+            self._expiry.note(new)
         return new is not None
 
     def force_handoff(self, stream: str, shard_id: str, *, owner: str, duration_s: float) -> Lease | None:
@@ -408,14 +410,14 @@ class LeaseRules:
         row = self._table.read(key)
         if row is None or row.get(NEXT_OWNER) != owner or not is_shard_row(row):
             return None
-        self._note(row)
+        self._expiry.note(row)
         holder, counter = row.get(OWNER), int(row[COUNTER])
         new = self._table.update(key, holder, counter, {
             OWNER: owner, COUNTER: counter + 1, WRITE_TOKEN: uuid.uuid4().hex[:16], DURATION_MS: duration_ms,
             EXPIRY: self._expiry_ms(duration_ms)}, (NEXT_OWNER,))
         if new is None:
             return None
-        self._note(new)
+        self._expiry.note(new)
         logger.warning("lease %s taken by %s from %s: the handoff was not honoured in time", key, owner, holder)
         return row_to_lease(new)
 
@@ -424,7 +426,7 @@ class LeaseRules:
         found = []
         for row in rows if self._table.presence else ():
             if is_presence_row(row, stream):
-                self._note(row)
+                self._expiry.note(row)
                 if include_stale or not self._expiry.expired(row[KEY], int(row[COUNTER]),
                                                              int(row.get(DURATION_MS, 0))):
                     found.append(row_to_instance(row))
@@ -454,7 +456,7 @@ class LeaseRules:
                 if new is not None and not self._table.put_new(new):
                     new = None
             if new is not None:
-                self._note(new)
+                self._expiry.note(new)
                 return row_to_instance(new)
         raise LeaseStoreError(f"presence row {key!r} kept changing; heartbeat not written", retriable=True)
 

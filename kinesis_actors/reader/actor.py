@@ -23,7 +23,7 @@ __all__ = ["make_ray_actor", "reader_core"]
 
 
 def reader_core(store: LeaseStore, sink: Sink, aws: AwsSettings, call_timeout_s: float, max_buffered_bytes: int,
-                threads: int, stream_threads: int) -> ShardReaderCore:
+                threads: int, stream_threads: int, load_window_s: float = 10.0) -> ShardReaderCore:
     """The :class:`ShardReaderCore` of a reader process: its Kinesis client (no botocore
     retries: every attempt is the loop's own, paced; each call times out within the lease,
     ``call_timeout_s``) and its pools, ``threads`` each (as many HTTP connections)."""
@@ -36,7 +36,7 @@ def reader_core(store: LeaseStore, sink: Sink, aws: AwsSettings, call_timeout_s:
     kinesis = settings.client("kinesis", read_timeout_s=call_timeout_s, max_attempts=0, max_pool_connections=threads)
     core = ShardReaderCore(store=store, deliver=sink.deliver, kinesis=kinesis, max_buffered_bytes=max_buffered_bytes,
                            io=ReaderIo(kinesis_threads=threads, store_threads=threads, stream_threads=stream_threads),
-                           hooks=shard_hooks(sink))
+                           hooks=shard_hooks(sink), load_window_s=load_window_s)
     # What the process holds by now (Ray, botocore and its service model: about 125,000
     # objects the collector tracks) lives as long as the process. Python's full collections
     # stop every thread and scan every tracked object, and records gathered by the shards
@@ -68,12 +68,14 @@ def make_ray_actor() -> Any:
             max_buffered_bytes: this process's byte budget.
             threads: threads (and HTTP connections) of each pool.
             stream_threads: most threads reading enhanced fan-out subscriptions (the shard cap).
+            load_window_s: the window of the load figures (process CPU, shard bytes/s), seconds.
         """
 
         def __init__(self, store: LeaseStore, sink: Sink, aws: AwsSettings, call_timeout_s: float,
                      max_buffered_bytes: int, threads: int = DEFAULT_THREADS,
-                     stream_threads: int = DEFAULT_MAX_SHARDS_PER_READER) -> None:
-            self.core = reader_core(store, sink, aws, call_timeout_s, max_buffered_bytes, threads, stream_threads)
+                     stream_threads: int = DEFAULT_MAX_SHARDS_PER_READER, load_window_s: float = 10.0) -> None:
+            self.core = reader_core(store, sink, aws, call_timeout_s, max_buffered_bytes, threads, stream_threads,
+                                    load_window_s)
             # Where this reader runs, for operators and chaos tests (``Subscription.stats()``).
             self.core.info.update(node_id=ray.get_runtime_context().get_node_id(), pid=os.getpid())
 

@@ -9,9 +9,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..clock import monotonic_s
+from ..clock import cpu_s, monotonic_s
 from ..errors import InvalidError
 from ..leases.protocol import Lease, LeaseStore
+from ..load.meter import LoadFigures
+from ..metrics import reader_load_tick
 from ..records import StartAt
 from ..sinks.hooks import ShardHook
 from .consumer import STOP_SLACK_S, ShardConsumer
@@ -74,6 +76,10 @@ class ShardReaderCore:
         hooks: ``hooks(stream, shard_id, lease_counter)``, the sink's
             :class:`~kinesis_actors.sinks.hooks.ShardHook` of each lease (a table sink's), or
             None (no hooks: :func:`~kinesis_actors.sinks.hooks.shard_hooks`).
+        load_window_s: the window of the load figures (process CPU, each shard's bytes/s
+            and records/s), seconds; they are sampled at every :meth:`events` and
+            :meth:`stats` call (the Coordinator's watch calls ``events`` every few seconds).
+        cpu_time: CPU seconds used by this process so far (default :func:`~kinesis_actors.clock.cpu_s`).
 
     Raises:
         InvalidError: ``max_buffered_bytes`` is not a positive int.
@@ -82,7 +88,8 @@ class ShardReaderCore:
     def __init__(self, *, store: LeaseStore, deliver: Deliver, kinesis: Any,
                  max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES, io: ReaderIo | None = None,
                  clock: Callable[[], float] = monotonic_s, sleep: Sleep = asyncio.sleep,
-                 hooks: Callable[[str, str, int], ShardHook] | None = None) -> None:
+                 hooks: Callable[[str, str, int], ShardHook] | None = None,
+                 load_window_s: float = 10.0, cpu_time: Callable[[], float] = cpu_s) -> None:
         self._store = store
         self._hooks = hooks
         self._deliver = deliver
@@ -97,6 +104,8 @@ class ShardReaderCore:
         self._events_changed: asyncio.Event | None = None
         self._ended: dict[str, dict[str, Any]] = {}  # last stats of consumers that ended (bounded below)
         self.info: dict[str, Any] = {}
+        self.load = LoadFigures(load_window_s, cpu_time=cpu_time, clock=clock)
+        self._load_figures: dict[str, Any] = {"cpu": 0.0}
 
     def _changed(self) -> asyncio.Event:
         if self._events_changed is None:
@@ -175,7 +184,19 @@ class ShardReaderCore:
             event.clear()
             await wait_event(event, timeout_s, self._sleep)
         out, self._events = self._events, []
+        self.sample_load()
         return out
+
+    def sample_load(self) -> dict[str, Any]:
+        """Sample the load figures now: the process's ``cpu`` (cores) is returned, and each
+        consumer's ``stats`` gains ``bytes_per_s``, ``records_per_s`` and ``load_known``
+        (exported as metrics with the shard's other figures); the CPU is exported too."""
+        self.load.annotate(self._load_figures, {sid: c.stats for sid, c in self._consumers.items()})
+        spec = next((c.spec for c in self._consumers.values()), None)
+        if spec is not None:
+            reader_load_tick(spec.stream, spec.owner_id, str(self.info.get("pid", "")), self._load_figures,
+                             now=self._clock())
+        return self._load_figures
 
     async def stop(self, shard_id: str | None = None, *, release: bool = True, grace_s: float = 5.0) -> None:
         """Stop one consumer (or every one, ``shard_id=None``) as :meth:`ShardConsumer.stop`
@@ -219,13 +240,16 @@ class ShardReaderCore:
         ("fanout"), subscriptions (accepted), subscription_renewals, subscription_drops
         and budget_drops. Reader figures: shards, buffered_bytes,
         peak_buffered_bytes, max_buffered_bytes, budget_waits, kinesis_call_limit and
-        kinesis_call_limit_cuts (:class:`CallLimit`), and :attr:`info` (the shell adds
-        node_id and pid).
+        kinesis_call_limit_cuts (:class:`CallLimit`), ``cpu`` (cores over the last
+        ``load_window_s``, 0.0 before a full window) and ``load_window_s``, and :attr:`info`
+        (the shell adds node_id and pid). Each shard's figures also carry ``bytes_per_s``,
+        ``records_per_s`` and ``load_known`` (:meth:`sample_load`).
         """
         budget, limit = self.budget, getattr(self._io, "limit", None)  # an IO without a call limit: 0
+        load = self.sample_load()
         shards = {sid: dict(c.stats) for sid, c in self._consumers.items()}
         return {"shards": shards, "ended": dict(self._ended),
-                "reader": {**self.info, "shards": len(shards), "buffered_bytes": budget.used,
+                "reader": {**self.info, **load, "shards": len(shards), "buffered_bytes": budget.used,
                            "peak_buffered_bytes": budget.peak, "max_buffered_bytes": budget.limit,
                            "budget_waits": budget.waits, "kinesis_call_limit": int(limit.limit) if limit else 0,
                            "kinesis_call_limit_cuts": limit.cuts if limit else 0}}

@@ -21,6 +21,9 @@ the pacing of its checkpoint writes.
   handoff) and a partial acknowledgement write at once. ``SHARD_END`` and a seek drop what is
   pending (each writes its own position). A lost lease drops it too: the next owner resumes
   at the stored checkpoint, so every record acknowledged since is delivered again.
+* A renewal, and the checkpoint of a pending position, carry the shard's throughput
+  (:meth:`LeaseKeeper.throughput`, once a full load window was measured) in the same
+  conditional write: the row's figure costs no write of its own.
 """
 
 from __future__ import annotations
@@ -144,7 +147,8 @@ class LeaseKeeper:
                 raise LeaseLostError(f"lease {self._lease.key} was lost; not writing")
             position = pacer.pending if pacer is not None else None
             if position is not None:
-                call, args = functools.partial(self.store.checkpoint, sub_sequence=position[1]), (position[0],)
+                call, args = functools.partial(self.store.checkpoint, sub_sequence=position[1],
+                                               throughput_kbps=self.throughput()), (position[0],)
             if call is None:
                 return self._lease
             # A write already sent must update our Lease even if we are cancelled meanwhile,
@@ -227,10 +231,21 @@ class LeaseKeeper:
             log.warning("shard %s: lease lost (%s); stopping without writing", self.spec.shard_id, why)
             self._on_lost(why)
 
+    def throughput(self) -> float | None:
+        """The shard's throughput in KB/s (from its ``bytes_per_s``) once a full ``load_window_s``
+        was measured (``stats["load_known"]``), else None: renewals and the checkpoints of
+        pending positions carry it in their own conditional write, so the row's figure costs
+        no write of its own."""
+        if not self.stats.get("load_known"):
+            return None
+        return max(0.0, float(self.stats.get("bytes_per_s") or 0.0)) / 1000.0
+
     async def renew(self) -> Lease:
-        """One renewal (a fenced write; see :meth:`write`). With a :attr:`rider` holding an
-        acknowledged position, the renewal is the checkpoint write of that position."""
-        return await self.write("renew", self.store.renew, pacer=self.rider)
+        """One renewal (a fenced write, with :meth:`throughput`; see :meth:`write`). With a
+        :attr:`rider` holding an acknowledged position, the renewal is the checkpoint write of
+        that position."""
+        return await self.write("renew", functools.partial(self.store.renew, throughput_kbps=self.throughput()),
+                                pacer=self.rider)
 
     def in_doubt(self) -> bool:
         """True when the last successful write is older than ``renew_deadline_s``: the lease

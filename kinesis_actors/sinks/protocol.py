@@ -18,6 +18,7 @@ gave up on it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -25,7 +26,9 @@ from typing import Any, Protocol, runtime_checkable
 from ..errors import InvalidError
 from ..records import Record
 
-__all__ = ["Sink", "GatheringSink", "ActorSink", "as_sink", "gathering_sink"]
+log = logging.getLogger(__name__)
+
+__all__ = ["Sink", "GatheringSink", "ActorSink", "as_sink", "gathering_sink", "begin_sink_close", "end_sink_close"]
 
 
 @runtime_checkable
@@ -153,3 +156,36 @@ def gathering_sink(target: Any) -> GatheringSink | None:
     if target is None or (actor_module is not None and isinstance(target, actor_module.ActorHandle)):
         return None
     return target if isinstance(target, GatheringSink) else None
+
+
+def begin_sink_close(sink: GatheringSink, name: str, finish_by_s: float) -> float:
+    """Tell ``sink`` its subscription's close begins (:meth:`GatheringSink.begin_close`).
+
+    Args:
+        sink: the subscription's gathering sink.
+        name: the stream's name, for the log.
+        finish_by_s: seconds from now by which the sink's writes must end (negative reads as 0).
+
+    Returns:
+        How long the readers may wait for the sink, seconds, within ``finish_by_s``. A sink that
+        raises keeps its own rules: the close goes on and the readers get ``finish_by_s``.
+    """
+    finish_by_s = max(0.0, finish_by_s)
+    try:
+        return min(finish_by_s, max(0.0, float(sink.begin_close(finish_by_s))))
+    except Exception as e:  # a sink that cannot be told keeps its own rules; the close goes on
+        log.warning("%s: telling the sink %r that the subscription closes failed (%r)", name, sink, e)
+        return finish_by_s
+
+
+def end_sink_close(sink: GatheringSink, name: str) -> None:
+    """End the close on ``sink`` (:meth:`GatheringSink.end_close`): what it did not write is dropped
+    unwritten, for the shards' next owner to read. Logs the dropped count; never raises."""
+    try:
+        dropped = sink.end_close()
+    except Exception as e:
+        log.warning("%s: the sink %r did not drop its unwritten batches at close (%r)", name, sink, e)
+        return
+    if dropped:
+        log.warning("%s: %d records the sink could not write before the close's deadline were dropped "
+                    "unwritten; the shards' next owner reads them again", name, dropped)

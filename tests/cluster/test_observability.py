@@ -31,7 +31,8 @@ def exported() -> dict[str, tuple[str, tuple[str, ...]]]:
     for names, kind, tags in ((metrics.SHARD_COUNTERS, "counter", metrics.SHARD_TAGS),
                               (metrics.INSTANCE_COUNTERS, "counter", metrics.INSTANCE_TAGS),
                               (metrics.SHARD_GAUGES, "gauge", metrics.SHARD_TAGS),
-                              (metrics.INSTANCE_GAUGES, "gauge", metrics.INSTANCE_TAGS)):
+                              (metrics.INSTANCE_GAUGES, "gauge", metrics.INSTANCE_TAGS),
+                              (metrics.READER_GAUGES, "gauge", metrics.READER_TAGS)):
         for name in names:
             prom = RAY_PREFIX + metrics.PREFIX + name + ("_total" if kind == "counter" else "")
             out[prom] = (kind, tuple(tags))

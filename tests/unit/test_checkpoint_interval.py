@@ -29,10 +29,11 @@ class CountingStore(InProcessLeaseStore):
         self.checkpoints: list[str] = []
         self.written_at: list[float] = []
 
-    def checkpoint(self, lease: Lease, sequence_number: str, *, sub_sequence: int | None = None) -> Lease:
+    def checkpoint(self, lease: Lease, sequence_number: str, *, sub_sequence: int | None = None,
+                   throughput_kbps: float | None = None) -> Lease:
         self.checkpoints.append(sequence_number)
         self.written_at.append(self.clock())
-        return super().checkpoint(lease, sequence_number, sub_sequence=sub_sequence)
+        return super().checkpoint(lease, sequence_number, sub_sequence=sub_sequence, throughput_kbps=throughput_kbps)
 
 
 def consumer(shard: FakeShard, store: InProcessLeaseStore, sink: Any, interval_s: float, *,

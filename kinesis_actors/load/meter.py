@@ -1,0 +1,122 @@
+"""Load figures of one reader process: CPU (cores) and per-shard bytes/s and records/s,
+each a moving average over the last ``load_window_s``.
+
+A figure is a rate of a cumulative counter (CPU seconds of the process, bytes and
+records a shard fetched), sampled whenever it is read: the rate is the counter's growth
+between the newest sample and the newest sample at least one window older, divided by
+the time between them. Sparse samples therefore still give a true average (over a
+slightly longer span); nothing runs in the background. Before a full window has been
+sampled the figure is not known yet (None; ``stats()`` shows ``0.0``).
+
+CPU is read through an injected function, by default :func:`~kinesis_actors.clock.cpu_s` (user +
+system CPU seconds of every thread of this process, as the kernel accounts them), so a
+reader's figure covers its event loop, its I/O threads and the record filter alike.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..clock import Clock, cpu_s, monotonic_s
+
+__all__ = ["WindowRate", "CpuMeter", "LoadFigures"]
+
+
+class WindowRate:
+    """The rate of a cumulative counter over the last ``window_s`` seconds.
+
+    Args:
+        window_s: the window, seconds (> 0).
+
+    Invariant: the samples kept are the newest one at or before ``newest - window_s`` and
+    every later one, so memory is bounded by the sampling rate times the window.
+    """
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._samples: collections.deque[tuple[float, float]] = collections.deque()
+
+    def add(self, now: float, total: float) -> None:
+        """Record the counter's ``total`` at ``now`` (seconds on the caller's monotonic clock).
+        A sample older than the newest one is ignored; a counter that went down (a restart)
+        starts the window again."""
+        if self._samples and now < self._samples[-1][0]:
+            return
+        if self._samples and total < self._samples[-1][1]:
+            self._samples.clear()
+        self._samples.append((now, total))
+        while len(self._samples) >= 2 and self._samples[1][0] <= now - self.window_s:
+            self._samples.popleft()
+
+    def rate(self) -> float | None:
+        """Growth per second over at least one window, or None before a full window was sampled."""
+        if len(self._samples) < 2:
+            return None
+        (t0, v0), (t1, v1) = self._samples[0], self._samples[-1]
+        if t1 - t0 < self.window_s * 0.999 or t1 <= t0:
+            return None
+        return (v1 - v0) / (t1 - t0)
+
+
+class CpuMeter:
+    """This process's CPU use, cores (CPU seconds per second), averaged over ``window_s``.
+
+    Args:
+        window_s: the window, seconds.
+        cpu_time: CPU seconds used so far by the process (default :func:`~kinesis_actors.clock.cpu_s`).
+        clock: monotonic seconds (default :func:`kinesis_actors.clock.monotonic_s`).
+    """
+
+    def __init__(self, window_s: float, *, cpu_time: Callable[[], float] = cpu_s,
+                 clock: Clock = monotonic_s) -> None:
+        self._rate = WindowRate(window_s)
+        self._cpu_time, self._clock = cpu_time, clock
+
+    def sample(self) -> float | None:
+        """Take a sample now; the average over the last window, cores, or None before a full one."""
+        self._rate.add(self._clock(), self._cpu_time())
+        return self._rate.rate()
+
+
+class LoadFigures:
+    """Adds the load figures to a reader's ``stats()`` result.
+
+    The reader's figures gain ``cpu`` (cores over the last window, ``0.0`` before a full
+    one) and ``load_known`` (a full window was measured); each shard's gain
+    ``bytes_per_s`` and ``records_per_s`` (from its cumulative ``bytes`` and ``records``;
+    ``0.0`` before a full window) and ``load_known``. Shards no longer listed are forgotten.
+
+    Args:
+        window_s: ``load_window_s``, seconds.
+        cpu_time / clock: as for :class:`CpuMeter`.
+    """
+
+    def __init__(self, window_s: float, *, cpu_time: Callable[[], float] = cpu_s,
+                 clock: Clock = monotonic_s) -> None:
+        self.window_s = window_s
+        self._cpu = CpuMeter(window_s, cpu_time=cpu_time, clock=clock)
+        self._clock = clock
+        self._shards: dict[str, tuple[WindowRate, WindowRate]] = {}
+        self.cpu: float | None = None
+
+    def annotate(self, reader: dict[str, Any], shards: Mapping[str, dict[str, Any]]) -> None:
+        """Sample now and write the figures into ``reader`` and each of ``shards`` (in place)."""
+        now = self._clock()
+        self.cpu = self._cpu.sample()
+        reader["cpu"] = round(self.cpu, 4) if self.cpu is not None else 0.0
+        reader["load_known"] = self.cpu is not None
+        reader["load_window_s"] = self.window_s
+        for sid in [s for s in self._shards if s not in shards]:
+            del self._shards[sid]
+        for sid, figures in shards.items():
+            rates = self._shards.get(sid)
+            if rates is None:
+                rates = self._shards[sid] = (WindowRate(self.window_s), WindowRate(self.window_s))
+            rates[0].add(now, float(figures.get("bytes", 0) or 0))
+            rates[1].add(now, float(figures.get("records", 0) or 0))
+            bytes_per_s, records_per_s = rates[0].rate(), rates[1].rate()
+            figures["bytes_per_s"] = round(bytes_per_s, 1) if bytes_per_s is not None else 0.0
+            figures["records_per_s"] = round(records_per_s, 2) if records_per_s is not None else 0.0
+            figures["load_known"] = bytes_per_s is not None
