@@ -114,6 +114,12 @@ class KinesisBroker:
         return self._state_extra.get("owner_id", self._owner_id)
 
     @property
+    def connection(self) -> ConnectionState:
+        """The connection state this broker shares with its copies, publishers, seek handles
+        and subscriptions (settings once connected, ``closed``, the open subscriptions)."""
+        return self._state
+
+    @property
     def lease_store(self) -> LeaseStore | None:
         """The lease store in use (built by ``connect()`` unless given)."""
         return self._state_extra.get("store", self._lease_store)

@@ -1,11 +1,12 @@
 """Enhanced fan-out (EFO): :class:`FanOutFetcher`, the second read path of a shard
-(``SubscribeToShard``), and the decoding of its events.
+(``SubscribeToShard``).
 
-Three modules, one role each: this one (the events and the fetcher),
-:mod:`~kinesis_actors.fanout_http` (the transport: :class:`HttpSubscriber`,
-:class:`EventSource`, :data:`Subscribe`) and :mod:`~kinesis_actors.fanout_consumer` (the
-stream consumer: :func:`ensure_stream_consumer`, :func:`deregister_stream_consumer`);
-every name stays importable from here.
+Four modules, one role each: this one (the fetcher), :mod:`~kinesis_actors.fanout_events`
+(the messages: :class:`SubscriptionEvent`, :func:`parse_event_payload`, the frames and the
+request's ``StartingPosition``), :mod:`~kinesis_actors.fanout_http` (the transport:
+:class:`HttpSubscriber`, :class:`EventSource`, :data:`Subscribe`) and
+:mod:`~kinesis_actors.fanout_consumer` (the stream consumer: :func:`ensure_stream_consumer`,
+:func:`deregister_stream_consumer`); every name stays importable from here.
 
 :class:`FanOutFetcher` sits behind the same seam as
 :class:`~kinesis_actors.kinesis.ShardFetcher`: :meth:`~FanOutFetcher.step` returns
@@ -40,7 +41,6 @@ of one process would then share one connection.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import threading
@@ -48,14 +48,20 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 from .backoff import Backoff
-from .batch import RecordBatch
 from .clock import monotonic_s
-from .errors import InvalidError, KinesisError, aws_error_code, is_throttling
+from .errors import InvalidError, aws_error_code, is_throttling
 from .fanout_consumer import deregister_stream_consumer, ensure_stream_consumer
+from .fanout_events import (
+    EventRefused,
+    SubscriptionEvent,
+    complete_frames,
+    decode_message,
+    parse_event_payload,
+    starting_position,
+)
 from .fanout_http import EventSource, HttpSubscriber, Subscribe
 from .kinesis import Fetched, ShardPosition
 from .records import StartAt, seq_key
-from .wire import batch_from_json_records, loads
 
 __all__ = ["ensure_stream_consumer", "deregister_stream_consumer", "FanOutFetcher", "HttpSubscriber", "EventSource",
            "Subscribe", "SubscriptionEvent", "parse_event_payload", "MIN_SUBSCRIBE_SPACING_S",
@@ -84,65 +90,6 @@ that carries more is still taken and counted in full."""
 
 _RETRY_CODES = frozenset({"ResourceInUseException", "LimitExceededException", "InternalFailure",
                           "InternalFailureException", "ServiceUnavailable"})
-
-
-# --------------------------------------------------------------------------- events
-@dataclasses.dataclass(frozen=True)
-class SubscriptionEvent:
-    """One ``SubscribeToShardEvent``, decoded.
-
-    Attributes:
-        records: the event's records as one batch (KPL aggregates de-aggregated).
-        continuation_sequence_number: where the next subscription continues (None at shard end).
-        millis_behind_latest: ``MillisBehindLatest``, ms (None if absent).
-        child_shards: the ``ChildShards`` ids (set at shard end on AWS; kinesis-mock sends null).
-    """
-
-    records: RecordBatch
-    continuation_sequence_number: str | None
-    millis_behind_latest: int | None
-    child_shards: tuple[str, ...]
-
-
-def parse_event_payload(payload: bytes, *, shard_id: str = "", stream: str = "") -> SubscriptionEvent:
-    """Decode the JSON payload of a ``SubscribeToShardEvent`` frame (blobs are base64,
-    timestamps epoch seconds, as in AWS's JSON 1.1 protocol) with the parser of
-    ``GetRecords``'s fast path (:func:`kinesis_actors.wire.loads`,
-    :func:`~kinesis_actors.wire.batch_from_json_records`).
-
-    Args:
-        payload: the frame's payload. shard_id / stream: what the records are labelled with.
-
-    Raises:
-        KinesisError: the payload is not the JSON of such an event.
-    """
-    try:
-        body = loads(payload)
-        records = batch_from_json_records(body.get("Records") or [], shard_id=shard_id, stream=stream)
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise KinesisError(f"SubscribeToShard: an event that does not decode ({e!r:.200})") from e
-    lag = body.get("MillisBehindLatest")
-    children = tuple(str(c.get("ShardId")) for c in body.get("ChildShards") or [] if isinstance(c, dict))
-    return SubscriptionEvent(records, body.get("ContinuationSequenceNumber"), None if lag is None else int(lag),
-                             children)
-
-
-class _Refused(Exception):
-    """An exception event inside an accepted subscription (``:message-type`` exception or error)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.response = {"Error": {"Code": code, "Message": message}}
-
-
-def _frames(source: EventSource, buffer: Any) -> Iterator[Any]:
-    """The complete frames of ``source`` as they arrive (a dropped connection raises)."""
-    while True:
-        yield from buffer
-        chunk = source.read()
-        if not chunk:
-            return
-        buffer.add_data(chunk)
 
 
 # --------------------------------------------------------------------------- the fetcher
@@ -343,19 +290,13 @@ class FanOutFetcher(ShardPosition):
         from botocore.eventstream import EventStreamBuffer
 
         position = self.position
-        starting: dict[str, Any] = {"Type": position.kind}
-        if position.kind == "AT_TIMESTAMP":
-            starting["Timestamp"] = position.iterator_args()["Timestamp"]
-        elif position.sequence_number is not None:
-            args = position.iterator_args()
-            starting.update(Type=args["ShardIteratorType"], SequenceNumber=position.sequence_number)
         self.arm_skip(position)
         self._last_subscribe = now = self._clock()
         self._next_call_at = now + MIN_SUBSCRIBE_SPACING_S
         self.subscribe_calls += 1
         try:
             source = self._subscribe({"ConsumerARN": self.consumer_arn, "ShardId": self.shard_id,
-                                      "StartingPosition": starting})
+                                      "StartingPosition": starting_position(position)})
         except Exception as e:
             if not self._transient(e):
                 raise self._fatal(e) from e
@@ -365,7 +306,7 @@ class FanOutFetcher(ShardPosition):
             if self._closed:
                 source.close()
                 return
-            self._source, self._frames = source, _frames(source, EventStreamBuffer())
+            self._source, self._frames = source, complete_frames(source, EventStreamBuffer())
         self._opened_at = self._clock()
         log.debug("%s: subscribed at %s", self.resource, position)
 
@@ -426,23 +367,17 @@ class FanOutFetcher(ShardPosition):
         return self._event(message)
 
     def _event(self, message: Any) -> Fetched | None:
-        headers = message.headers
-        kind = headers.get(":message-type")
-        if kind != "event":
-            code = str(headers.get(":exception-type") or headers.get(":error-code") or "InternalFailure")
-            text = message.payload.decode("utf-8", "replace")[:300]
-            if kind == "error":
-                text = str(headers.get(":error-message") or text)
-            err = _Refused(code, text)
+        try:
+            event = decode_message(message, shard_id=self.shard_id, stream=self.stream)
+        except EventRefused as err:
             self.drops += 1
             self._drop()
             if not self._transient(err):
                 raise self._fatal(err) from err
             self._backoff(err, "exception event")
             return None
-        if headers.get(":event-type") != "SubscribeToShardEvent":
+        if event is None:
             return None  # initial-response (AWS) and events this version does not know
-        event = parse_event_payload(message.payload, shard_id=self.shard_id, stream=self.stream)
         self.events += 1
         records = self.accept(event.records)
         self._continuation = event.continuation_sequence_number

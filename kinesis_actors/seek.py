@@ -55,5 +55,5 @@ class SeekHandle:
         if tables is not None and tables.is_table_sink(sub.sink):
             raise InvalidError(f"seek() on stream {self.stream!r}, written to {sub.sink!r}, is not supported yet: "
                                "its positions live in the table")
-        moved: list[str] = sub._call("seek", start_at, shard_id)
+        moved: list[str] = sub.seek_shards(start_at, shard_id)
         return moved

@@ -19,7 +19,7 @@ from .clock import left_until, monotonic_s
 from .config import KinesisStream, positive_duration
 from .errors import InvalidError, KinesisError
 from .leases.protocol import Lease, LeaseStore
-from .records import Record
+from .records import Record, StartAt
 from .sinks.protocol import GatheringSink, begin_sink_close, end_sink_close, gathering_sink
 from .supervision import RayCoordinatorRef, Supervisor
 
@@ -139,6 +139,24 @@ class Subscription:
             return ray.get(getattr(self._coordinator, method).remote(*args), timeout=timeout_s)
         except Exception as e:
             raise _unwrap(e) from None
+
+    def seek_shards(self, start_at: StartAt, shard_id: str | None) -> list[str]:
+        """Ask the Coordinator in charge to reopen its shards (or only ``shard_id``) at ``start_at``.
+
+        The Coordinator clears each shard's checkpoint and rewrites its ``start_position``
+        in the lease row before it reopens the shard. ``SeekHandle.seek`` checks the
+        arguments first; this method does not.
+
+        Returns:
+            The shard ids that were moved (those this broker holds now).
+
+        Raises:
+            KinesisError: what the Coordinator's ``seek`` raised (unwrapped from Ray's
+                ``RayTaskError``); a Ray error when the actor call itself fails or takes
+                longer than 60 s (``ray.get`` timeout).
+        """
+        moved: list[str] = self._call("seek", start_at, shard_id)
+        return moved
 
     def _raise_parked(self) -> None:
         if self._error is None and not self._closed:
@@ -428,7 +446,7 @@ class Subscription:
                     ray.kill(actor, no_restart=True)
                 except (ValueError, ray.exceptions.RayError) as e:  # not an actor handle; Ray shut down already
                     log.info("%s: killing %r: %r", self.stream.name, actor, e)
-        state = self._broker._state
+        state = self._broker.connection
         with state.lock:
             if state.subscriptions.get(self.stream.name) is self:
                 del state.subscriptions[self.stream.name]

@@ -33,12 +33,13 @@ is written before its record counts as done.
 
 :class:`OneLane` hands a shard's batches to the engine one at a time (``parallelization_factor``
 1 without a window or a byte limit); :class:`~.parallel.ShardPipeline` is the N-lane form.
+What a batch came to (:class:`~.outcome.DeliveryResult`) and what a sink's error says
+(:func:`~.outcome.partial_failed_from`) are :mod:`~kinesis_actors.delivery.outcome`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
@@ -49,6 +50,7 @@ from ..errors import LeaseLostError, SinkError
 from ..records import Record
 from .dead_letter import DeadLetter, DeadLetterWriter
 from .options import DeliveryOptions
+from .outcome import DeliveryResult, given_up, partial_failed_from
 
 __all__ = ["DeliveryEngine", "DeliveryResult", "SINK_BACKOFF", "partial_failed_from", "OneLane"]
 
@@ -61,25 +63,6 @@ Deliver = Callable[[Sequence[Record]], Awaitable[Any]]
 OnAck = Callable[[int], Awaitable[None]]
 
 
-def partial_failed_from(error: BaseException) -> int | None:
-    """``failed_from`` of a ``PartialBatchError``, also when Ray wrapped it; else None.
-
-    Ray raises a ``RayTaskError`` in place of an actor's exception; it subclasses the
-    original class and keeps the original as ``cause``. A chained ``__cause__`` is looked
-    at too (a sink wrapper that re-raises).
-    """
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        value = e.__dict__.get("failed_from") if hasattr(e, "__dict__") else None
-        if value is not None:
-            return value if isinstance(value, int) and not isinstance(value, bool) else -1
-        cause = getattr(e, "cause", None)
-        e = cause if isinstance(cause, BaseException) else e.__cause__
-    return None
-
-
 def _view(records: Sequence[Record], indices: list[int]) -> Sequence[Record]:
     """``records`` at ``indices``: a slice when they are contiguous (a compact batch stays
     compact across the process boundary), else a list."""
@@ -87,25 +70,6 @@ def _view(records: Sequence[Record], indices: list[int]) -> Sequence[Record]:
     if hi - lo == len(indices):
         return records if (lo, hi) == (0, len(records)) else records[lo:hi]
     return [records[i] for i in indices]
-
-
-@dataclasses.dataclass
-class DeliveryResult:
-    """What became of one batch; every record is done when :meth:`DeliveryEngine.deliver` returns.
-
-    Attributes:
-        acknowledged: records ``[0, acknowledged)`` are done (the whole batch on return).
-        delivered: records the sink acknowledged.
-        filtered: records ``record_filter`` rejected.
-        dead_lettered: records sent to the dead letters (either reason).
-        attempts: sink calls made.
-    """
-
-    acknowledged: int = 0
-    delivered: int = 0
-    filtered: int = 0
-    dead_lettered: int = 0
-    attempts: int = 0
 
 
 class _Batch:
@@ -290,10 +254,7 @@ class DeliveryEngine:
     async def _give_up(self, batch: _Batch, failing: list[int], error: BaseException | None, result: DeliveryResult,
                        on_ack: OnAck | None) -> None:
         if self._dead_letters is None:
-            first = batch.records[failing[0]]
-            sub = f" (sub-sequence {first.sub_sequence_number})" if first.sub_sequence_number is not None else ""
-            raise SinkError(f"the sink refused shard {first.shard_id} sequence number {first.sequence_number}{sub} "
-                            f"{batch.attempts[failing[0]]} times: {error!r:.300}") from error
+            raise given_up(batch.records[failing[0]], batch.attempts[failing[0]], error) from error
         letters: list[DeadLetter] = [(batch.records[i], "sink", error, batch.attempts[i]) for i in failing]
         await self._dead_letters.write(letters)
         for i in failing:

@@ -9,7 +9,8 @@ non-loopback addresses are refused), reports its bound port on stdout, and exits
 ``os.getppid()`` every 0.25 s; a ``weakref.finalize`` also kills it when the
 :class:`Emulator` is garbage-collected or the interpreter exits).
 :func:`serve` runs the same server in the calling process (for the
-``kinesis-actors emulator`` CLI).
+``kinesis-actors emulator`` CLI). The child's pipes (forwarded to ``logging``) and its
+termination are :mod:`~kinesis_actors.emulator.child`'s.
 
 With ``efo=True`` (enhanced fan-out), Kinesis is served by kinesis-mock instead
 (:class:`~kinesis_actors.emulator.kinesis_mock.KinesisMock`, a second child process,
@@ -26,7 +27,6 @@ import json
 import logging
 import os
 import queue
-import re
 import subprocess
 import sys
 import threading
@@ -37,6 +37,7 @@ from typing import Any
 
 from ..clock import monotonic_s
 from ..errors import InvalidError
+from .child import forward_stderr, forward_stdout, kill_child
 from .errors import EmulatorError
 from .kinesis_mock import KinesisMock
 from .server import DEFAULT_HOST, REQUESTS_PATH, check_host, check_port
@@ -45,40 +46,8 @@ __all__ = ["Emulator"]
 
 log = logging.getLogger("kinesis_actors.emulator")
 
-_PARENT_POLL_S = 0.25
-_STOP_TIMEOUT_S = 5.0
-_ENDPOINT_RE = re.compile(r"^http://(\[[0-9a-fA-F:]+\]|[0-9.]+):(\d+)$")
-_LEVEL_PREFIX_RE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL):")
-_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR,
-           "CRITICAL": logging.CRITICAL}
 # Loopback never goes through an HTTP(S)_PROXY from the environment.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _kill_child(proc: subprocess.Popen[str], owner_pid: int | None = None) -> None:
-    """Terminate (then kill) a child process and reap it; safe to call twice.
-
-    With ``owner_pid``, does nothing in any other process (e.g. a fork that inherited
-    the finalizer): only the process that started the child stops it.
-    """
-    if owner_pid is not None and os.getpid() != owner_pid:
-        return
-    if proc.poll() is None:
-        try:
-            proc.terminate()
-            proc.wait(_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            log.warning("emulator process %d ignored SIGTERM for %.0f s; killing it", proc.pid, _STOP_TIMEOUT_S)
-            proc.kill()
-            proc.wait(_STOP_TIMEOUT_S)
-        except ProcessLookupError:
-            pass
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            try:
-                stream.close()
-            except OSError:
-                pass
 
 
 class Emulator:
@@ -209,7 +178,7 @@ class Emulator:
                 endpoint = self._await_endpoint(proc, deadline)
                 self._await_http(proc, endpoint, deadline)
             except BaseException:
-                _kill_child(proc)
+                kill_child(proc)
                 self._proc = None
                 if self._finalizer is not None:
                     self._finalizer.detach()
@@ -308,49 +277,18 @@ class Emulator:
             bufsize=1,
         )
         self._proc = proc
-        self._finalizer = weakref.finalize(self, _kill_child, proc, os.getpid())
+        self._finalizer = weakref.finalize(self, kill_child, proc, os.getpid())
         self._stderr_tail.clear()
         self._endpoints = endpoints = queue.Queue[str]()
         self._readers = [
-            threading.Thread(target=self._read_stdout, args=(proc, endpoints), daemon=True,
+            threading.Thread(target=forward_stdout, args=(proc, endpoints), daemon=True,
                              name=f"emulator-{proc.pid}-stdout"),
-            threading.Thread(target=self._read_stderr, args=(proc, self._stderr_tail), daemon=True,
+            threading.Thread(target=forward_stderr, args=(proc, self._stderr_tail), daemon=True,
                              name=f"emulator-{proc.pid}-stderr"),
         ]
         for thread in self._readers:
             thread.start()
         return proc
-
-    @staticmethod
-    def _read_stdout(proc: subprocess.Popen[str], endpoints: queue.Queue[str]) -> None:
-        child_log = logging.getLogger("kinesis_actors.emulator.child")
-        assert proc.stdout is not None
-        try:
-            for line in proc.stdout:
-                line = line.rstrip("\n")
-                if _ENDPOINT_RE.match(line):
-                    endpoints.put(line)
-                elif line:
-                    child_log.info("[pid %d stdout] %s", proc.pid, line)
-        except (OSError, ValueError):
-            pass  # pipe closed by stop()
-
-    @staticmethod
-    def _read_stderr(proc: subprocess.Popen[str], tail: collections.deque[str]) -> None:
-        # A staticmethod: reader threads must not keep the Emulator alive (its finalizer kills the child).
-        child_log = logging.getLogger("kinesis_actors.emulator.child")
-        assert proc.stderr is not None
-        try:
-            for line in proc.stderr:
-                line = line.rstrip("\n")
-                if not line:
-                    continue
-                tail.append(line)
-                match = _LEVEL_PREFIX_RE.match(line)
-                level = _LEVELS[match.group(1)] if match else logging.WARNING
-                child_log.log(level, "[pid %d] %s", proc.pid, line)
-        except (OSError, ValueError):
-            pass
 
     def _failure(self, proc: subprocess.Popen[str], what: str) -> EmulatorError:
         for thread in self._readers:  # collect the last words of a dead child
@@ -401,7 +339,7 @@ class Emulator:
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
-        _kill_child(proc)
+        kill_child(proc)
         for thread in self._readers:
             thread.join(2.0)
         self._readers = []

@@ -13,11 +13,9 @@ maps the table interface (:class:`~kinesis_actors.leases.rows.LeaseTable`) onto 
   ``ReturnValues=ALL_NEW``; ``ConditionalCheckFailedException`` is the failed condition;
 - delete (presence rows only): ``DeleteItem``.
 
-On first use the table is checked (``DescribeTable``) and, with ``create_if_missing``,
-created (``CreateTable``, ``PAY_PER_REQUEST``, hash key ``lease_key`` S; a concurrent
-creator's ``ResourceInUseException`` is fine), then the ``table_exists`` waiter waits
-until it is ACTIVE. ``checkpoint`` is stored as S: Kinesis sequence numbers have 56
-digits, more than a DynamoDB number holds.
+The table's check and creation on first use, and the settings' checks, are
+:mod:`~kinesis_actors.leases.dynamo_table`'s. ``checkpoint`` is stored as S: Kinesis sequence
+numbers have 56 digits, more than a DynamoDB number holds.
 
 Retries live in one layer. The client is built with botocore's retries off
 (``max_attempts=0``): the holder's writes (renewals, checkpoints) are retried by the reader's
@@ -41,18 +39,15 @@ from typing import Any
 from ..aws import AwsSettings
 from ..clock import Clock, WallClock, monotonic_s, wall_s
 from ..errors import InvalidError, KinesisError, LeaseStoreError, aws_error_code, translate_aws_error
+from .dynamo_table import check_or_create_table, check_settings, frozen_session_settings
 from .rows import COUNTER, KEY, OWNER, STREAM, Row
 from .rules import LeaseRules
 
-__all__ = ["DynamoLeaseStore", "DynamoRows"]
+__all__ = ["DynamoLeaseStore", "DynamoRows", "check_settings"]
 
 logger = logging.getLogger(__name__)
 
-_TABLE_RE = re.compile(r"^[A-Za-z0-9_.\-]{3,255}$")
 _CLIENT_LOCK = threading.Lock()  # boto3 sessions are not thread-safe when building clients
-
-_WAITER_DELAY_S = 1
-_WAITER_MAX_ATTEMPTS = 120
 
 
 @functools.cache
@@ -105,16 +100,6 @@ def from_item(item: Mapping[str, Any]) -> Row:
     return {name: from_attr(attr) for name, attr in item.items()}
 
 
-def _frozen_session_settings(session: Any) -> tuple[tuple[str, str, str | None] | None, str | None]:
-    """Credentials frozen from a ``boto3.Session`` (may resolve its chain) and its region."""
-    creds = session.get_credentials()
-    frozen = None
-    if creds is not None:
-        f = creds.get_frozen_credentials()
-        frozen = (f.access_key, f.secret_key, f.token)
-    return frozen, session.region_name
-
-
 class DynamoRows:
     """A DynamoDB table as a :class:`~kinesis_actors.leases.rows.LeaseTable`, and the one
     client of it (settings, lazy client, error translation) that ``KclRows`` reuses.
@@ -154,7 +139,7 @@ class DynamoRows:
         state = {k: v for k, v in self.__dict__.items() if k not in ("client", "_client_lock", "ready")}
         session = state.pop("_session", None)
         if session is not None:  # a boto3 Session cannot be pickled: freeze what it holds
-            state["_frozen_session"] = _frozen_session_settings(session)
+            state["_frozen_session"] = frozen_session_settings(session)
         state["_session"] = None
         return state
 
@@ -182,7 +167,7 @@ class DynamoRows:
     def settings(self) -> AwsSettings:
         """The AWS settings in effect: explicit values, then the inherited ones (see :class:`DynamoLeaseStore`)."""
         own = AwsSettings(endpoint=self._endpoint, region=self._region, test_credentials=bool(self._test_credentials))
-        frozen = _frozen_session_settings(self._session) if self._session is not None else self._frozen_session
+        frozen = frozen_session_settings(self._session) if self._session is not None else self._frozen_session
         if frozen is not None:
             credentials, session_region = frozen
             own = dataclasses.replace(own, test_credentials=False, credentials=credentials,
@@ -241,37 +226,9 @@ class DynamoRows:
             return
         with self._client_lock:
             if not self.ready:
-                self._check_or_create(self.client_now())
+                check_or_create_table(self.client_now(), self.table, create_if_missing=self.create_if_missing,
+                                      translate=self.translate)
                 self.ready = True
-
-    def _check_or_create(self, client: Any) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError, WaiterError
-
-        status = None
-        try:
-            status = client.describe_table(TableName=self.table)["Table"].get("TableStatus")
-        except (ClientError, BotoCoreError) as e:
-            if aws_error_code(e) != "ResourceNotFoundException":
-                raise self.translate(e, "DescribeTable") from e
-            if not self.create_if_missing:
-                raise LeaseStoreError(f"lease table {self.table!r} does not exist (create it, or pass "
-                                      "create_if_missing=True)", aws_code="ResourceNotFoundException") from e
-            try:
-                client.create_table(TableName=self.table, BillingMode="PAY_PER_REQUEST",
-                                    AttributeDefinitions=[{"AttributeName": KEY, "AttributeType": "S"}],
-                                    KeySchema=[{"AttributeName": KEY, "KeyType": "HASH"}])
-                logger.info("created lease table %s", self.table)
-            except (ClientError, BotoCoreError) as e2:
-                if aws_error_code(e2) != "ResourceInUseException":  # another instance created it first
-                    raise self.translate(e2, "CreateTable") from e2
-        if status != "ACTIVE":
-            try:
-                client.get_waiter("table_exists").wait(
-                    TableName=self.table, WaiterConfig={"Delay": _WAITER_DELAY_S, "MaxAttempts": _WAITER_MAX_ATTEMPTS})
-            except WaiterError as e:
-                raise LeaseStoreError(f"lease table {self.table!r} did not become ACTIVE", retriable=True) from e
-            except (ClientError, BotoCoreError) as e:
-                raise self.translate(e, "DescribeTable") from e
 
     # ------------------------------------------------------------------ the table interface
     def read(self, key: str) -> Row | None:
@@ -398,8 +355,8 @@ class DynamoLeaseStore(LeaseRules):
     @property
     def dynamo(self) -> DynamoRows:
         """The table's :class:`DynamoRows` (its settings and client)."""
-        assert isinstance(self._table, DynamoRows)
-        return self._table
+        assert isinstance(self.rows, DynamoRows)
+        return self.rows
 
     @property
     def table(self) -> str:
@@ -428,8 +385,7 @@ class DynamoLeaseStore(LeaseRules):
         """
         if not isinstance(aws, AwsSettings):
             raise InvalidError(f"bind needs an AwsSettings, got {type(aws).__name__}")
-        other: DynamoLeaseStore = self.peer()
-        other._table = self.dynamo.bound(aws)
+        other: DynamoLeaseStore = self.peer(rows=self.dynamo.bound(aws))
         return other
 
     def inject_faults(self, injector: Any) -> DynamoLeaseStore:
@@ -438,12 +394,3 @@ class DynamoLeaseStore(LeaseRules):
         injector travels with the pickled store. Changes this store in place; returns it."""
         self.dynamo.faults = injector
         return self
-
-
-def check_settings(table: object, endpoint: object) -> None:
-    """Raise :class:`InvalidError` for a bad table name or endpoint (before any I/O)."""
-    if not isinstance(table, str) or not _TABLE_RE.match(table):
-        raise InvalidError(f"lease table name must be 3-255 characters of letters, digits, '_', '.', '-'; "
-                           f"got {table!r}")
-    if endpoint is not None and (not isinstance(endpoint, str) or not endpoint):
-        raise InvalidError(f"endpoint must be a URL string or None, got {endpoint!r}")

@@ -402,8 +402,8 @@ class KclLeaseStore(LeaseRules):
     @property
     def kcl(self) -> KclRows:
         """The table's :class:`KclRows`."""
-        assert isinstance(self._table, KclRows)
-        return self._table
+        assert isinstance(self.rows, KclRows)
+        return self.rows
 
     def __repr__(self) -> str:
         return f"KclLeaseStore({self.kcl.table!r}, endpoint={self.endpoint!r}, stream={self.stream!r})"
@@ -440,8 +440,7 @@ class KclLeaseStore(LeaseRules):
         """
         if not isinstance(aws, AwsSettings):
             raise InvalidError(f"bind needs an AwsSettings, got {type(aws).__name__}")
-        other: KclLeaseStore = self.peer()
-        other._table = self.kcl.peer(self.kcl.dynamo.bound(aws))
+        other: KclLeaseStore = self.peer(rows=self.kcl.peer(self.kcl.dynamo.bound(aws)))
         return other
 
     def claim_stream(self, stream: str) -> None:
@@ -481,7 +480,7 @@ class KclLeaseStore(LeaseRules):
                              parent_shard_ids=parent_shard_ids, stream_identity=stream_identity)
         self.kcl.duration_ms = duration_to_ms(duration_s)
         if lease is not None and lease.checkpoint is None and lease.start_position == LATEST:
-            at = StartAt("AT_TIMESTAMP", timestamp_ms=int(self._wall_clock() * 1000)).to_str()
+            at = StartAt("AT_TIMESTAMP", timestamp_ms=int(self.wall_clock() * 1000)).to_str()
             lease = self.set_start_position(lease, at)
             logger.info("lease %s: KCL checkpoint LATEST resolved once, to %s", lease.key, at)
         return lease

@@ -337,8 +337,8 @@ class MemoryLeaseStore(LeaseRules):
 
     @property
     def _memory(self) -> MemoryRows:
-        assert isinstance(self._table, MemoryRows)
-        return self._table
+        assert isinstance(self.rows, MemoryRows)
+        return self.rows
 
     @property
     def name(self) -> str:
@@ -389,8 +389,8 @@ class InProcessLeaseStore(LeaseRules):
     @property
     def _rows(self) -> LocalRows:
         """The rows (shared by :meth:`peer` copies and by stores built over them)."""
-        assert isinstance(self._table, LocalRows)
-        return self._table
+        assert isinstance(self.rows, LocalRows)
+        return self.rows
 
     def __repr__(self) -> str:
         return f"InProcessLeaseStore(rows={self._rows.size()})"

@@ -82,7 +82,7 @@ class LeaseRules:
     Args:
         table: the rows (a backend).
         clock: monotonic clock in seconds; judges expiry.
-        wall_clock: epoch clock in seconds; only fills the informational ``lease_expiry``.
+        wall_clock: epoch clock in seconds, kept as ``wall_clock``; only fills the informational ``lease_expiry``.
 
     Raises:
         InvalidError: a clock that is not callable.
@@ -93,7 +93,7 @@ class LeaseRules:
             raise InvalidError("clock and wall_clock must be callables returning seconds")
         self._table = table
         self._clock = clock
-        self._wall_clock = wall_clock
+        self.wall_clock = wall_clock
         self._init_observations()
 
     def _init_observations(self) -> None:
@@ -113,12 +113,14 @@ class LeaseRules:
         """The table this store's rules run over."""
         return self._table
 
-    def peer(self, *, clock: Clock | None = None, wall_clock: WallClock | None = None) -> Any:
+    def peer(self, *, clock: Clock | None = None, wall_clock: WallClock | None = None,
+             rows: LeaseTable | None = None) -> Any:
         """Another store over the same rows that has seen nothing yet (what a second host has).
 
         Args:
             clock: monotonic clock of the new store (seconds); default: this store's.
             wall_clock: epoch clock of the new store (seconds); default: this store's.
+            rows: the new store's table (the same rows); default: ``self.rows.peer()``.
 
         Returns:
             A store of the same class with an empty observation table (it waits one full
@@ -126,9 +128,9 @@ class LeaseRules:
         """
         other = object.__new__(type(self))
         other.__dict__.update(self.__getstate__())
-        other._table = self._table.peer()
+        other._table = rows if rows is not None else self._table.peer()
         other._clock = clock if clock is not None else self._clock
-        other._wall_clock = wall_clock if wall_clock is not None else self._wall_clock
+        other.wall_clock = wall_clock if wall_clock is not None else self.wall_clock
         other._init_observations()
         return other
 
@@ -145,7 +147,7 @@ class LeaseRules:
 
     # ------------------------------------------------------------------ expiry
     def _expiry_ms(self, duration_ms: int) -> int:
-        return int(self._wall_clock() * 1000) + duration_ms
+        return int(self.wall_clock() * 1000) + duration_ms
 
     def is_expired(self, lease: Lease | Instance) -> bool:
         """True if the row's counter has not changed for its duration, as this store saw it.

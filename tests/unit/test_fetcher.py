@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kinesis_actors import kinesis
+from kinesis_actors import pacing
 from kinesis_actors.backoff import THROTTLE_BACKOFF
 from kinesis_actors.errors import InvalidError, StreamError
 from kinesis_actors.kinesis import MIN_CALL_SPACING_S, ShardFetcher, backoff_s, idle_due
@@ -39,7 +39,7 @@ def test_each_step_is_one_call_and_calls_are_never_closer_than_the_aws_limit() -
 
 
 def test_at_the_tip_the_wait_doubles_up_to_the_cap_and_records_reset_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kinesis, "_IDLE_PHASE", 0.75)  # the idle grid (0.1 s): ... 1000.375, 1000.475 ...
+    monkeypatch.setattr(pacing, "_IDLE_PHASE", 0.75)  # the idle grid (0.1 s): ... 1000.375, 1000.475 ...
     shard, clock = FakeShard(1), FakeClock()
     f = fetcher(shard, clock, idle_wait_s=0.25, max_idle_wait_s=1.0)
     drive(f, clock, 2)  # open, read the one record
@@ -72,7 +72,7 @@ def test_an_idle_poll_is_due_at_the_latest_point_of_the_grid_before_its_wait_end
 
 
 def test_idle_shards_that_reached_the_tip_at_different_moments_poll_together(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kinesis, "_IDLE_PHASE", 0.0)  # the grid (0.1 s): ... 1001.0, 1001.1 ...
+    monkeypatch.setattr(pacing, "_IDLE_PHASE", 0.0)  # the grid (0.1 s): ... 1001.0, 1001.1 ...
     clock = FakeClock(1000.0)
     fetchers = [fetcher(FakeShard(0), clock, idle_wait_s=1.0, max_idle_wait_s=1.0) for _ in range(3)]
     dues = []
