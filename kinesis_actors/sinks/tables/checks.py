@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import InvalidError
-from .sink import TableSink
+from .handle import TableSink
 
 __all__ = ["check_table_sink"]
 

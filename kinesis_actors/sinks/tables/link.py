@@ -36,7 +36,7 @@ from ..hooks import ShardHook
 from .positions import TablePosition, later, resume_after
 
 if TYPE_CHECKING:
-    from .sink import TableSink
+    from .handle import TableSink
 
 __all__ = ["ShardTableLink"]
 
