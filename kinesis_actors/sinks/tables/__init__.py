@@ -5,6 +5,7 @@
   :mod:`.delta` (deltalake) implement it.
 * :mod:`.rounds`: one commit round (read the positions, refuse fenced shards, commit).
 * :mod:`.committer`: :class:`TableCommitter`, the one committer of a subscription.
+* :mod:`.staging`: what the committer holds per shard between commits.
 * :mod:`.handle`: :class:`TableSink`, the handle over the committer's Ray actor.
 * :mod:`.sink`: the sinks, one per table format.
 * :mod:`.link`: :class:`ShardTableLink`, the sink's hook in each shard lease's read loop.

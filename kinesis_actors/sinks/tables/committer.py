@@ -1,5 +1,5 @@
 """TableCommitter: the one committer of a subscription's table sink (plain asyncio; the sink's
-Ray actor is a thin shell over it).
+Ray actor is a thin shell over it). What it holds per shard between commits is in :mod:`.staging`.
 
 Fault model:
 
@@ -27,7 +27,6 @@ Fault model:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import random
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from ...errors import InvalidError, LeaseLostError, SinkError
 from .backend import CommitConflict, TableBackend
 from .positions import ShardKey, TablePosition
 from .rounds import RoundResult, RoundRunner, RoundShard
+from .staging import HeldShard, Point, RowsSchema
 
 __all__ = ["TableCommitter", "COMMIT_BACKOFF", "DEFAULT_MAX_STAGED_BYTES"]
 
@@ -49,21 +49,6 @@ COMMIT_BACKOFF = Backoff(base_s=0.2, cap_s=5.0, floor_s=0.05)
 
 DEFAULT_MAX_STAGED_BYTES = 256 << 20
 """Arrow bytes a committer holds before :meth:`TableCommitter.stage` waits for a commit."""
-
-Point = tuple[str, "int | None"]
-
-
-@dataclasses.dataclass
-class _Held:
-    counter: int
-    fenced: bool = False
-    opening: bool = True
-    base: Point | None = None
-    committed: TablePosition | None = None
-    rows: list[Any] = dataclasses.field(default_factory=list)
-    last: Point | None = None
-    lost: str | None = None
-
 
 class TableCommitter:
     """Stages readers' batches and commits them, with their shards' positions, to one table.
@@ -89,7 +74,7 @@ class TableCommitter:
         self._clock, self._sleep = clock, sleep
         self._rng = rng if rng is not None else random.random
         self._fatal: SinkError | None = None
-        self._held: dict[ShardKey, _Held] = {}
+        self._held: dict[ShardKey, HeldShard] = {}
         self._staged_bytes = 0
         self._started_rounds = 0  # rounds taken so far
         self._done_rounds = 0  # rounds finished (committed, or nothing to commit)
@@ -99,7 +84,7 @@ class TableCommitter:
         self._last_round_at = clock()
         self._closing = False
         self._hurry = False  # the subscription is closing: every staged batch starts a round at once
-        self._schema: Any = None
+        self._schema = RowsSchema(backend.name)
         self.counters: dict[str, Any] = {"commits": 0, "rows_committed": 0, "conflicts": 0, "commit_failures": 0,
                                          "shards_refused": 0, "batches_staged": 0, "rows_staged": 0,
                                          "last_error": None, "last_commit_s": None}
@@ -123,12 +108,12 @@ class TableCommitter:
         if held is None or held.counter < lease_counter:
             if held is not None:
                 self._drop_rows(held)
-            held = self._held[key] = _Held(lease_counter)
+            held = self._held[key] = HeldShard(lease_counter)
         if not held.opening:
-            return self._base_position(held)
+            return held.base_position()
         await self._await_round(timeout_s, f"fencing {key}")
         self._raise_if_lost(key, held)
-        return self._base_position(held)
+        return held.base_position()
 
     async def stage(self, key: ShardKey, lease_counter: int, rows: Any, last: Point | None) -> TablePosition | None:
         """Hold one batch's ``rows`` (a ``pyarrow.Table``; may be empty) for the next commit:
@@ -144,7 +129,7 @@ class TableCommitter:
                 retriable); no room within ``stage_timeout_s`` (retriable, names the commit error).
         """
         held = self._check(key, lease_counter)
-        rows = self._conform(rows)
+        rows = self._schema.conform(rows)
         if self._staged_bytes > self.max_staged_bytes:
             await self._await_room()
             held = self._check(key, lease_counter)
@@ -241,7 +226,7 @@ class TableCommitter:
                 "positions": {str(k): h.committed.sequence_number for k, h in self._held.items() if h.committed}}
 
     # ------------------------------------------------------------------ internals
-    def _check(self, key: ShardKey, lease_counter: int) -> _Held:
+    def _check(self, key: ShardKey, lease_counter: int) -> HeldShard:
         if self._fatal is not None:
             raise self._fatal
         held = self._held.get(key)
@@ -253,36 +238,16 @@ class TableCommitter:
         self._raise_if_lost(key, held)
         return held
 
-    def _raise_if_lost(self, key: ShardKey, held: _Held) -> None:
+    def _raise_if_lost(self, key: ShardKey, held: HeldShard) -> None:
         if self._fatal is not None:
             raise self._fatal
         if held.lost is not None:
             raise LeaseLostError(f"{key}: refused by the table ({held.lost}); a newer owner holds the shard")
 
-    @staticmethod
-    def _base_position(held: _Held) -> TablePosition | None:
-        if held.base is None:
-            return None
-        return TablePosition(held.counter, *held.base)
-
-    def _conform(self, rows: Any) -> Any:
-        if self._schema is None:
-            if rows.num_rows:
-                self._schema = rows.schema
-            return rows
-        if rows.schema.equals(self._schema, check_metadata=False):
-            return rows
-        try:
-            return rows.select(self._schema.names).cast(self._schema)
-        except Exception as e:
-            raise SinkError(f"table {self.name}: a batch's columns {rows.schema.names} do not fit the schema "
-                            f"of the rows before ({self._schema}): {e!r:.300}", retriable=False) from e
-
-    def _drop_rows(self, held: _Held) -> int:
-        dropped = int(sum(t.num_rows for t in held.rows))
-        self._staged_bytes -= int(sum(t.nbytes for t in held.rows))
-        held.rows, held.last = [], None
-        return dropped
+    def _drop_rows(self, held: HeldShard) -> int:
+        rows, nbytes = held.drop_rows()
+        self._staged_bytes -= nbytes
+        return rows
 
     def _event(self, name: str) -> asyncio.Event:
         event: asyncio.Event | None = getattr(self, name)
