@@ -1,4 +1,8 @@
-"""The Coordinator's close under one deadline.
+"""The Coordinator's close under one deadline, and its fatal error.
+
+:class:`CoreClosing` holds the close of a :class:`~.core.CoordinatorCore`: it starts once
+(the first ``close`` or fatal error moves the core to CLOSING), every ``close`` awaits the
+same run, and it ends in CLOSED, or FAILED when a fatal error was parked.
 
 Stopping the readers (each checkpoints what was acknowledged and, with ``release``,
 releases its leases), releasing the leases waiting for a reader, withdrawing our handoff
@@ -16,17 +20,90 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from .lifecycle import CoordinatorState
 from .placements import HeldState
 from .pool import PooledReader
 
 if TYPE_CHECKING:
     from .core import CoordinatorCore
 
-__all__ = ["close_parts"]
+__all__ = ["CoreClosing", "close_parts"]
 
 log = logging.getLogger("kinesis_actors.coordinator")
 
 _STOP_MARGIN_S = 0.5  # of the deadline kept for a reader's answer after its grace
+
+
+class CoreClosing:
+    """The close of one :class:`~.core.CoordinatorCore` and its parked fatal error.
+
+    Args:
+        core: the core whose parts it stops.
+        on_fatal: called with a fatal error once (e.g. to fail the pull queue), or None.
+        clock: the core's injected monotonic clock, seconds.
+
+    Attributes:
+        error: the parked fatal error (the state is FAILED once closed), or None.
+    """
+
+    def __init__(self, core: CoordinatorCore, *, on_fatal: Callable[[BaseException], Any] | None,
+                 clock: Callable[[], float]) -> None:
+        self.core, self.on_fatal, self.clock = core, on_fatal, clock
+        self.error: BaseException | None = None
+        self.ended = asyncio.Event()  # set on reaching CLOSED or FAILED
+        self.closer: asyncio.Future[None] | None = None  # the close under way, awaited by every close()
+
+    async def close(self, release: bool, grace_s: float, timeout_s: float) -> None:
+        """Begin the close (once) and wait for it, up to ``timeout_s`` + 1 s; as
+        :meth:`~.core.CoordinatorCore.close`. Never raises for a failing store or reader."""
+        closer = self.begin(release, grace_s, timeout_s)
+        try:
+            await asyncio.wait_for(asyncio.shield(closer), timeout_s + 1.0)
+        except asyncio.TimeoutError:
+            log.warning("%s: close did not finish within %.1f s", self.core.stream.name, timeout_s)
+
+    def begin(self, release: bool, grace_s: float, timeout_s: float) -> asyncio.Future[None]:
+        """Move to CLOSING and start the close, once; returns the close under way."""
+        if self.closer is None:
+            self.core.lifecycle.move(CoordinatorState.CLOSING)
+            self.closer = asyncio.ensure_future(self._run(release, grace_s, timeout_s))
+        return self.closer
+
+    async def _run(self, release: bool, grace_s: float, timeout_s: float) -> None:
+        core = self.core
+        deadline = self.clock() + timeout_s
+        await core.tick.stop()
+        await core.pool.starts.cancel()
+        await core.loads.rounds.cancel()  # a load round's moves already run with the opens
+        # opens under way: let them land (bounded), so they are stopped too
+        await core.placements.opens.settle(max(0.0, min(grace_s, deadline - self.clock())))
+        await close_parts(core, release=release, grace_s=grace_s, deadline=deadline, clock=self.clock,
+                          started=core.tick.started)
+        core.placements.held.clear()
+        core.threads.shutdown(wait=False)
+        core.lifecycle.move(CoordinatorState.FAILED if self.error is not None else CoordinatorState.CLOSED)
+        self.ended.set()
+
+    async def fail(self, error: BaseException) -> None:
+        """Park ``error`` (the first one only), tell ``on_fatal``, and begin the close
+        (releasing, 5 s grace, 15 s deadline) without waiting for it."""
+        if self.error is None:
+            self.error = error
+            log.error("%s: subscription failed: %r", self.core.stream.name, error)
+            if self.on_fatal is not None:
+                try:
+                    self.on_fatal(error)
+                except Exception:  # the callback's own failure: logged, the close goes on
+                    log.exception("on_fatal callback failed")
+        self.begin(release=True, grace_s=5.0, timeout_s=15.0)
+
+    async def wait(self, timeout_s: float | None) -> bool:
+        """Wait until closed or failed; True if it ended within ``timeout_s``."""
+        try:
+            await asyncio.wait_for(self.ended.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
 
 
 async def close_parts(core: CoordinatorCore, *, release: bool, grace_s: float, deadline: float,

@@ -35,7 +35,7 @@ from ..kinesis import ShardInfo
 from ..leases.protocol import LeaseStore
 from ..reader import ConsumerState, ReaderSpec, ShardEvent
 from ..records import StartAt
-from .closing import close_parts
+from .closing import CoreClosing
 from .handles import Launcher, ReaderHandle
 from .handoffs import Handoffs
 from .lifecycle import CoordinatorState, Lifecycle
@@ -102,6 +102,8 @@ class CoordinatorCore:
             reader starts failed, ``step_failures``, ``store_errors``, ...).
         lifecycle: the :class:`~.lifecycle.Lifecycle` (its ``state``, a :class:`~.lifecycle.CoordinatorState`).
         tick: the :class:`~.tick.Tick` that runs presence, ``ListShards`` and the lease poll when due.
+        closing: the :class:`~.closing.CoreClosing` (the close under way, the parked fatal error).
+        threads: the thread pool of the blocking calls (lease store, ``ListShards``).
     """
 
     def __init__(self, stream: KinesisStream, *, aws: AwsSettings, store: LeaseStore, owner_id: str,
@@ -113,12 +115,12 @@ class CoordinatorCore:
         self.stream, self.aws, self.store, self.owner_id = stream, aws, store, owner_id
         self.lease_duration_s, self.renew_interval_s = lease_duration_s, renew_interval_s
         self.max_shards_per_reader = stream.max_shards_per_reader
-        self._kinesis, self._on_fatal, self._call_timeout_s = kinesis, on_fatal, call_timeout_s
+        self._kinesis, self._call_timeout_s = kinesis, call_timeout_s
         self._clock, self._sleep = clock, sleep
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         self.lifecycle = Lifecycle(stream.name)
         self._tasks = TaskSet(self.counters)  # handoff calls, reader watches
-        self._threads = concurrent.futures.ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="ka-coordinator")
+        self.threads = concurrent.futures.ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="ka-coordinator")
         self.leases = LeasePoll(stream=stream, store=store, io=self._io, kinesis=kinesis, owner_id=owner_id,
                                 lease_duration_s=lease_duration_s, clock=clock, counters=self.counters)
         self.pool = ReaderPool(launch=launcher, max_shards_per_reader=stream.max_shards_per_reader,
@@ -140,8 +142,7 @@ class CoordinatorCore:
                                  duration_s=lease_duration_s, counters=self.counters)
         self.loads = LoadMoves(stream=stream, pool=self.pool, placements=self.placements, counters=self.counters,
                                clock=clock, grace_s=5.0)
-        self._error: BaseException | None = None  # the parked fatal error (state FAILED once closed)
-        self._ended = asyncio.Event()  # set on reaching CLOSED or FAILED
+        self.closing = CoreClosing(self, on_fatal=on_fatal, clock=clock)
         self.tick = Tick(stream.name, lifecycle=self.lifecycle, clock=clock, sleep=sleep, counters=self.counters,
                          on_fatal=self.fail)
         self.tick.add("presence", self.presence.update, lambda: renew_interval_s, first_in_s=0.0, before_running=True)
@@ -151,7 +152,6 @@ class CoordinatorCore:
         self.tick.add("poll", self._poll_and_upkeep,
                       lambda: max(stream.lease_poll_interval_s, 2 * self.leases.last_read_s),
                       first_in_s=stream.lease_poll_interval_s)
-        self._closer: asyncio.Future[None] | None = None  # the close under way, awaited by every close()
         self._last_stats: dict[str, dict[str, Any]] = {}
         self.consumer_arn: str | None = None  # the stream consumer (retrieval="fanout"), registered by start()
 
@@ -163,7 +163,7 @@ class CoordinatorCore:
     async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking call (lease store, ListShards) in this Coordinator's threads."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads, lambda: fn(*args, **kwargs))
+        return await loop.run_in_executor(self.threads, lambda: fn(*args, **kwargs))
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, timeout_s: float = 120.0) -> None:
@@ -235,57 +235,20 @@ class CoordinatorCore:
 
         Never raises for a failing store or reader (each step logs what it left).
         """
-        closer = self._begin_close(release, grace_s, timeout_s)
-        try:
-            await asyncio.wait_for(asyncio.shield(closer), timeout_s + 1.0)
-        except asyncio.TimeoutError:
-            log.warning("%s: close did not finish within %.1f s", self.stream.name, timeout_s)
-
-    def _begin_close(self, release: bool, grace_s: float, timeout_s: float) -> asyncio.Future[None]:
-        """Move to CLOSING and start the close, once; returns the close under way."""
-        if self._closer is None:
-            self.lifecycle.move(CoordinatorState.CLOSING)
-            self._closer = asyncio.ensure_future(self._close(release, grace_s, timeout_s))
-        return self._closer
-
-    async def _close(self, release: bool, grace_s: float, timeout_s: float) -> None:
-        deadline = self._clock() + timeout_s
-        await self.tick.stop()
-        await self.pool.starts.cancel()
-        await self.loads.rounds.cancel()  # a load round's moves already run with the opens
-        # opens under way: let them land (bounded), so they are stopped too
-        await self.placements.opens.settle(max(0.0, min(grace_s, deadline - self._clock())))
-        await close_parts(self, release=release, grace_s=grace_s, deadline=deadline, clock=self._clock,
-                          started=self.tick.started)
-        self.placements.held.clear()
-        self._threads.shutdown(wait=False)
-        self.lifecycle.move(CoordinatorState.FAILED if self._error is not None else CoordinatorState.CLOSED)
-        self._ended.set()
+        await self.closing.close(release, grace_s, timeout_s)
 
     async def fail(self, error: BaseException) -> None:
         """Park a fatal error, tell ``on_fatal``, and begin the close (releasing) at once:
         the state is CLOSING when this returns; the close runs on."""
-        if self._error is None:
-            self._error = error
-            log.error("%s: subscription failed: %r", self.stream.name, error)
-            if self._on_fatal is not None:
-                try:
-                    self._on_fatal(error)
-                except Exception:  # the callback's own failure: logged, the close goes on
-                    log.exception("on_fatal callback failed")
-        self._begin_close(release=True, grace_s=5.0, timeout_s=15.0)
+        await self.closing.fail(error)
 
     def error(self) -> BaseException | None:
         """The parked fatal error, or None."""
-        return self._error
+        return self.closing.error
 
     async def wait(self, timeout_s: float | None) -> bool:
         """Wait until closed or failed; True if it ended within ``timeout_s``."""
-        try:
-            await asyncio.wait_for(self._ended.wait(), timeout_s)
-            return True
-        except asyncio.TimeoutError:
-            return False
+        return await self.closing.wait(timeout_s)
 
     # ------------------------------------------------------------------ reader reports
     async def _apply(self, reader: PooledReader, event: ShardEvent) -> None:

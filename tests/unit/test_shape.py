@@ -92,7 +92,7 @@ def test_no_module_class_or_function_over_the_limits() -> None:
     assert not violations, "shape limits broken:\n" + "\n".join(violations)
 
 
-NOT_YET = frozenset({"modules_400_500_lines"})
+NOT_YET: frozenset[str] = frozenset()
 """Figures of ``structure_metrics.GOALS`` not asserted yet: each is over its goal because of
 code being rewritten elsewhere (the lease stores in ``leases/``); remove a name once its
 figure meets its goal."""
