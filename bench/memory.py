@@ -160,7 +160,7 @@ def _coordinator_pass(ctx: Any, res: Results) -> None:
         op = event_name.split(".", 2)[-1]
         calls[op] = calls.get(op, 0) + 1
 
-    mine._client_now().meta.events.register("before-call.dynamodb", count)
+    mine.dynamo.client_now().meta.events.register("before-call.dynamodb", count)
     kinesis.meta.events.register("before-call.kinesis", count)
     core = CoordinatorCore(KinesisStream(stream, max_leases=cap), aws=settings, store=mine, owner_id="bench-coordinator",
                            lease_duration_s=10.0, renew_interval_s=3.0, launcher=_StubReader,
