@@ -41,7 +41,7 @@ FANOUT_STATEMENTS = ("EnhancedFanOutRegister", "EnhancedFanOutConsumer")
 # library call names these actions, so the call collection cannot check them (test_the_kms_statement does).
 KMS_STATEMENT = "KmsEncryptedStream"
 KCL_STATEMENT = "KclLeaseTable"  # --kcl-application: a KCL application's own table
-KCL_MODULES = ("leases/kcl.py", "leases/kcl_update.py", "leases/kcl_rows.py")
+KCL_MODULES = ("leases/kcl.py", "leases/kcl_table.py", "leases/kcl_update.py", "leases/kcl_rows.py")
 
 
 @functools.cache
