@@ -565,6 +565,10 @@ def test_5_a_zombie_resumed_after_sigstop_writes_nothing(chaos_cluster: Any, emu
             signal_tree(zombie.proc.pid, signal.SIGSTOP)
             wait_until(lambda: all(row[0] == "other" for row in sampler.read().values()), timeout_s=60,
                        what="the other instance holding every shard")
+            # The zombie's last write (a renewal, which carries its checkpoint by default) came up to
+            # renew_s before the stop, so the take may come before lease_s has passed since t_stop:
+            # keep it stopped past a whole lease duration all the same.
+            wait_until(lambda: time.time() > t_stop + lease_s + 0.5, timeout_s=10)
             t_cont = time.time()
             signal_tree(zombie.proc.pid, signal.SIGCONT)
             # keep sampling and logging a while after the zombie woke: its calls and writes would
