@@ -144,13 +144,15 @@ class IcebergBackend:
         return None if snapshot is None else snapshot.snapshot_id
 
     def commits(self, state: Any, stop_at: Any = None) -> Iterator[CommitRecord]:
-        """The ``main`` branch's snapshots, newest first, down to ``stop_at`` (a snapshot id)."""
-        snapshot = state.current_snapshot()
-        while snapshot is not None and snapshot.snapshot_id != stop_at:
+        """The ``main`` branch's snapshots, newest first (pyiceberg's ``ancestors_of`` the current
+        snapshot), down to ``stop_at`` (a snapshot id; not included)."""
+        from pyiceberg.table.snapshots import ancestors_of
+
+        for snapshot in ancestors_of(state.current_snapshot(), state.metadata):
+            if snapshot.snapshot_id == stop_at:
+                return
             summary = snapshot.summary
             yield CommitRecord(snapshot.snapshot_id, dict(summary.additional_properties) if summary else {})
-            parent = snapshot.parent_snapshot_id
-            snapshot = None if parent is None else state.snapshot_by_id(parent)
 
     def create(self, schema: Any) -> None:
         """Create the namespace and the table if missing (another process creating them at once is fine)."""
