@@ -82,9 +82,6 @@ def _make_actor_class() -> Any:
         async def release_shard(self, key: ShardKey, counter: int) -> int:
             return self.core.release_shard(key, counter)
 
-        async def committed(self, key: ShardKey, counter: int) -> TablePosition | None:
-            return self.core.committed(key, counter)
-
         async def flush(self, timeout_s: float) -> bool:
             return await self.core.flush(timeout_s)
 

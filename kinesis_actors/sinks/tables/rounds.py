@@ -113,13 +113,6 @@ class RoundRunner:
         self._walked = False
         self._unknown: dict[str, RoundResult] = {}  # commit id -> result, for attempts whose outcome is unknown
 
-    def positions(self, keys: list[ShardKey]) -> dict[ShardKey, TablePosition | None]:
-        """The table's newest position of each shard (None: never mentioned, or no table)."""
-        state = self.backend.load()
-        if state is not None:
-            self._walk(state)
-        return {k: self.known.get(k) for k in keys}
-
     def _walk(self, state: Any) -> set[str]:
         """Read the commits since the last walk; returns the commit ids met."""
         head = self.backend.head(state)
