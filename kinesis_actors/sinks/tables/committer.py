@@ -35,10 +35,11 @@ from typing import Any
 from ...backoff import Backoff
 from ...clock import Clock, monotonic_s
 from ...errors import InvalidError, LeaseLostError, SinkError
+from ..hooks import Point
 from .backend import CommitConflict, TableBackend
 from .positions import ShardKey, TablePosition
 from .rounds import RoundResult, RoundRunner, RoundShard
-from .staging import HeldShard, Point, RowsSchema
+from .staging import HeldShard, RowsSchema
 
 __all__ = ["TableCommitter", "COMMIT_BACKOFF", "DEFAULT_MAX_STAGED_BYTES"]
 

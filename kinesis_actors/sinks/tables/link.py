@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import SinkError
 from ...leases.protocol import Lease
 from ...records import Record, StartAt
-from ..hooks import ShardHook
+from ..hooks import Point, ShardHook
 from .positions import TablePosition, later, resume_after
 
 if TYPE_CHECKING:
@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 __all__ = ["ShardTableLink"]
 
 log = logging.getLogger("kinesis_actors.sinks.tables")
-
-Point = tuple[str, "int | None"]
 
 
 class ShardTableLink(ShardHook):

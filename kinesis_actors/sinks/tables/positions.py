@@ -26,6 +26,7 @@ from typing import Any
 
 from ...leases.protocol import SHARD_END
 from ...records import StartAt
+from ..hooks import Point
 
 __all__ = ["ShardKey", "TablePosition", "POSITION_PREFIX", "COMMIT_ID_KEY", "position_key", "encode_positions",
            "decode_positions", "later", "resume_after"]
@@ -68,7 +69,7 @@ class TablePosition:
         return dataclasses.replace(self, lease_counter=lease_counter)
 
     @property
-    def point(self) -> tuple[str, int | None] | None:
+    def point(self) -> Point | None:
         """``(sequence_number, sub_sequence_number)``, or None without a record."""
         return None if self.sequence_number is None else (self.sequence_number, self.sub_sequence_number)
 
@@ -110,12 +111,12 @@ def decode_positions(properties: Mapping[str, object]) -> dict[ShardKey, TablePo
     return out
 
 
-def _order(point: tuple[str, int | None]) -> tuple[int, int]:
+def _order(point: Point) -> tuple[int, int]:
     seq, sub = point
     return int(seq), (1 << 62) if sub is None else sub  # no sub-sequence: the whole aggregate, after its parts
 
 
-def later(a: tuple[str, int | None] | None, b: tuple[str, int | None] | None) -> bool:
+def later(a: Point | None, b: Point | None) -> bool:
     """True when position ``a`` is after position ``b`` (None: before every record)."""
     if a is None:
         return False

@@ -31,14 +31,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import SinkError
+from ..hooks import Point
 from .backend import CommitConflict, TableBackend
 from .positions import COMMIT_ID_KEY, ShardKey, TablePosition, decode_positions, encode_positions
 
 __all__ = ["RoundShard", "RoundResult", "RoundRunner", "concat_rows"]
 
 log = logging.getLogger("kinesis_actors.sinks.tables")
-
-Point = tuple[str, "int | None"]
 
 
 @dataclasses.dataclass

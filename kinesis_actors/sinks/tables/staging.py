@@ -14,12 +14,10 @@ import dataclasses
 from typing import Any
 
 from ...errors import SinkError
+from ..hooks import Point
 from .positions import TablePosition
 
-__all__ = ["HeldShard", "RowsSchema", "Point"]
-
-Point = tuple[str, "int | None"]
-"""A record's position: ``(sequence_number, sub_sequence_number)``."""
+__all__ = ["HeldShard", "RowsSchema"]
 
 
 @dataclasses.dataclass
