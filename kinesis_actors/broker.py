@@ -37,6 +37,7 @@ from .kinesis import ensure_stream
 from .leases.protocol import LeaseStore
 from .publisher import Publisher
 from .seek import SeekHandle
+from .sinks import as_sink, loaded_table_sink
 from .subscription import Subscription
 
 __all__ = ["KinesisBroker", "Subscription", "SeekHandle"]  # the last two live in subscription.py, seek.py
@@ -267,7 +268,7 @@ class KinesisBroker:
     def _checked_table_sink(self, stream: KinesisStream, sink: Any) -> Any:
         """``sink`` if it is a table sink that may serve ``stream`` here (see
         :func:`~.sinks.tables.check_table_sink`: InvalidError otherwise), None for other sinks."""
-        table_sink = _table_sink(sink)
+        table_sink = loaded_table_sink(sink)
         if table_sink is not None:
             from .sinks.tables import check_table_sink
 
@@ -352,16 +353,6 @@ def _checked_arguments(stream: KinesisStream, sink: Any) -> Any:
     if isinstance(stream.dead_letter, Publisher):
         stream.dead_letter.check_connected(f"the dead-letter publisher (dead_letter=) of stream {stream.name!r}:")
     check_picklable_filter(stream.record_filter)
-    if sink is None or _table_sink(sink) is not None:
+    if sink is None or loaded_table_sink(sink) is not None:
         return sink  # pull mode; a table sink is pushed to as it is
-    from .sinks import as_sink
-
     return as_sink(sink, stream.sink_method)
-
-
-def _table_sink(sink: Any) -> Any:
-    """``sink`` if it is an IcebergSink or DeltaSink (their module is imported only if loaded), else None."""
-    import sys
-
-    tables = sys.modules.get("kinesis_actors.sinks.tables")
-    return sink if tables is not None and tables.is_table_sink(sink) else None

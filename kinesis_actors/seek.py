@@ -6,11 +6,10 @@ Taken from :meth:`KinesisBroker.seek_handle <kinesis_actors.broker.KinesisBroker
 
 from __future__ import annotations
 
-import sys
-
 from .connection import ConnectionState
 from .errors import InvalidError
 from .records import StartAt
+from .sinks import loaded_table_sink
 
 __all__ = ["SeekHandle"]
 
@@ -51,8 +50,7 @@ class SeekHandle:
         sub = self._state.subscriptions.get(self.stream)
         if sub is None:
             return []
-        tables = sys.modules.get("kinesis_actors.sinks.tables")  # not imported: no table sink
-        if tables is not None and tables.is_table_sink(sub.sink):
+        if loaded_table_sink(sub.sink) is not None:
             raise InvalidError(f"seek() on stream {self.stream!r}, written to {sub.sink!r}, is not supported yet: "
                                "its positions live in the table")
         moved: list[str] = sub.seek_shards(start_at, shard_id)
