@@ -20,7 +20,6 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
 
 from .clock import monotonic_s
 from .errors import StartError
@@ -79,15 +78,17 @@ def start_ray(timeout_s: float) -> float:
         return 0.0
     target = ray_init_target()
     log.info("starting Ray: %s", target)
-    box: dict[str, Any] = {}
+    failed: list[BaseException] = []
+    settled = threading.Event()  # ray.init() returned or raised
 
     def init() -> None:
         try:
             ray.init(configure_logging=False)
         except BaseException as e:  # handed to the caller below
-            box["error"] = e
+            failed.append(e)
             return
-        box["up"] = True
+        finally:
+            settled.set()
         threading.Event().wait()  # parked for good: Ray's local processes die with the thread that forked them
 
     thread = threading.Thread(target=init, name="kinesis-actors-ray-init", daemon=True)
@@ -95,18 +96,16 @@ def start_ray(timeout_s: float) -> float:
     ray_log.addFilter(_not_main_thread_warning)  # the handler is set below, on the main thread
     try:
         thread.start()
-        deadline = t0 + timeout_s
-        while thread.is_alive() and "up" not in box and monotonic_s() < deadline:
-            thread.join(min(0.05, max(deadline - monotonic_s(), 0.0)))
+        settled.wait(max(0.0, t0 + timeout_s - monotonic_s()))
     finally:
         ray_log.removeFilter(_not_main_thread_warning)
     spent = monotonic_s() - t0
-    if "up" not in box and "error" not in box:
+    if not settled.is_set():
         raise StartError(f"Ray did not start within start_timeout_s={timeout_s:g} s: ray.init() was still "
                          f"{target}", retriable=False)
-    if "error" in box:
-        raise StartError(f"Ray's start failed after {spent:.1f} s ({target}): {box['error']!r:.500}",
-                         retriable=False) from box["error"]
+    if failed:
+        raise StartError(f"Ray's start failed after {spent:.1f} s ({target}): {failed[0]!r:.500}",
+                         retriable=False) from failed[0]
     _exit_on_sigterm()
     return spent
 
