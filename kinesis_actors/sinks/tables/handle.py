@@ -88,10 +88,8 @@ def _make_actor_class() -> Any:
         async def close(self, timeout_s: float) -> bool:
             return await self.core.close(timeout_s)
 
-        async def begin_close(self, timeout_s: float) -> float:
-            started = monotonic_s()
-            await self.core.begin_close(timeout_s)
-            return monotonic_s() - started
+        async def begin_close(self, timeout_s: float) -> bool:
+            return await self.core.begin_close(timeout_s)
 
         async def end_close(self, timeout_s: float) -> int:
             dropped = self.core.drop_staged()
@@ -269,18 +267,20 @@ class TableSink:
     # ------------------------------------------------------------------ the close rule (GatheringSink)
     def begin_close(self, finish_by_s: float) -> float:
         """The subscription is closing (:class:`~kinesis_actors.sinks.GatheringSink`): commit
-        what is staged now, waiting up to half of ``finish_by_s`` seconds, and from now on start
-        a commit for every batch staged, so that each reader's last commit (its close, before
-        its checkpoint and release) is quick.
+        what is staged now, waiting up to half of ``finish_by_s`` seconds (the other half is
+        the readers'), and from now on start a commit for every batch staged, so that each
+        reader's last commit (its close, before its checkpoint and release) is quick.
 
         Returns:
-            How long the readers may need for their last commit, seconds: three times what
-            this commit took, at least 5 s (a commit's time varies with the catalog's load),
-            at most what is left of ``finish_by_s``; 0.0 when the committer is not running.
-            The readers stop as soon as their commits are done: this bounds the wait only.
+            What is left of ``finish_by_s``, seconds (0.0 when the committer is not running, or
+            ``finish_by_s <= 0``: then the call is sent and not waited for).
+            The readers stop as soon as their last commits are done (each waits for its own
+            up to half the lease duration), so this bounds the wait only. A commit still
+            running when they give up may land: no checkpoint passed its rows, and the
+            shards' next owners resume after the table's position (:meth:`open_shard`).
 
         Raises:
-            KinesisError: the committer could not be reached.
+            KinesisError: the committer could not be reached within ``finish_by_s``.
         """
         import ray
 
@@ -288,12 +288,14 @@ class TableSink:
         if actor is None:
             return 0.0
         started = monotonic_s()
+        ref = actor.begin_close.remote(max(0.0, finish_by_s) / 2)
+        if finish_by_s <= 0:
+            return 0.0  # no time to wait: the commits are hurried all the same
         try:
-            took = float(ray.get(actor.begin_close.remote(finish_by_s / 2), timeout=finish_by_s / 2 + 10))
+            ray.get(ref, timeout=finish_by_s)
         except Exception as e:
             raise KinesisError(f"{self!r}: the committer could not be told of the close: {e!r:.300}") from e
-        left = max(0.0, finish_by_s - (monotonic_s() - started))
-        return min(left, max(5.0, 3 * took))
+        return max(0.0, finish_by_s - (monotonic_s() - started))
 
     def end_close(self) -> int:
         """The readers have stopped: drop the rows still staged unwritten (their readers were
