@@ -9,7 +9,7 @@ when the subscription starts, and dies with the driver that created it: its stag
 lost then, and no checkpoint passed them.
 
 This module holds the calls of the readers (fence, stage, commit, drop), the owner's calls
-(flush, stats) and the close rule; the table formats are in :mod:`.sink`, and what a read
+(stats, close) and the close rule; the table formats are in :mod:`.sink`, and what a read
 loop calls, per shard lease, is in :mod:`.link`.
 """
 
@@ -81,9 +81,6 @@ def _make_actor_class() -> Any:
 
         async def release_shard(self, key: ShardKey, counter: int) -> int:
             return self.core.release_shard(key, counter)
-
-        async def flush(self, timeout_s: float) -> bool:
-            return await self.core.flush(timeout_s)
 
         async def close(self, timeout_s: float) -> bool:
             return await self.core.close(timeout_s)
@@ -239,12 +236,6 @@ class TableSink:
                         "not by deliver(records)", retriable=False)
 
     # ------------------------------------------------------------------ owner's side
-    def flush(self, timeout_s: float = 60.0) -> bool:
-        """Commit everything staged now; True when done within ``timeout_s``."""
-        import ray
-
-        return bool(ray.get(self._committer().flush.remote(timeout_s), timeout=timeout_s + 30))
-
     def stats(self) -> dict[str, Any]:
         """The committer's counters (see :meth:`~.committer.TableCommitter.stats`); once the
         committer is stopped, its last counters (``final_stats``).
