@@ -45,8 +45,11 @@ class Sink(Protocol):
 class GatheringSink(Sink, Protocol):
     """A :class:`Sink` that holds batches before writing them as a group (a window, a commit).
 
-    Such a sink answers a reader's ``deliver`` only when the group holding the batch is
-    written, so at a close the readers' batches in flight wait for it. The rule it keeps
+    Such a sink lets a batch be checkpointed only once the group holding it is written: it
+    answers the reader's ``deliver`` then (``DatasetSink``), or answers at once and hands the
+    written position to the checkpoint through its lease hook
+    (:meth:`~kinesis_actors.sinks.hooks.ShardHook.checkpointable`: ``IcebergSink``,
+    ``DeltaSink``). So at a close the readers wait for it. The rule it keeps
     with :meth:`Subscription.close <kinesis_actors.subscription.Subscription.close>`: every
     batch it holds is either written, acknowledged and checkpointed before the leases are
     released, or dropped unwritten (never acknowledged: the next owner of the shard reads it

@@ -222,7 +222,9 @@ class TableCommitter:
 
     def stats(self) -> dict[str, Any]:
         """Counters (commits, rows_committed, conflicts, commit_failures, shards_refused,
-        batches_staged, rows_staged, last_error, last_commit_s) plus staged_bytes and shards."""
+        batches_staged, rows_staged, last_error, last_commit_s: the clock's seconds) plus
+        staged_bytes (Arrow bytes), shards (held) and positions (``"<stream>/<shard id>"`` ->
+        its committed sequence number)."""
         return {**self.counters, "staged_bytes": self._staged_bytes, "shards": len(self._held),
                 "positions": {str(k): h.committed.sequence_number for k, h in self._held.items() if h.committed}}
 

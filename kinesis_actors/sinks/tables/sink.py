@@ -39,6 +39,12 @@ class IcebergSink(TableSink):
     ``UPDATE``, Glue's conditional ``UpdateTable``, a REST catalog's server), so a late commit
     of a fenced owner is refused and none of its files becomes visible (:mod:`.iceberg`).
 
+    Positions are read back from the current snapshot's ancestors (a committer's every commit
+    carries the position of every shard it holds; an idle committer does not commit).
+    Expiring (``expire_snapshots``) the snapshot that holds a shard's newest position loses
+    it: the shard's next owner then resumes at its lease-table checkpoint, which may be
+    behind the table (those records are written again).
+
     Args:
         table: ``"namespace.name"``.
         catalog: the catalog's properties; every process that writes loads it as
@@ -106,6 +112,11 @@ class DeltaSink(TableSink):
     ``_delta_log`` entry (create-if-absent on a local filesystem, a conditional PUT or the
     configured locking provider on S3), and two commits of one ``appId`` conflict, so a fenced
     owner's late commit is refused (:mod:`.delta`).
+
+    Positions are read back from the log's commits (``DeltaTable.history``), which the table
+    keeps for ``delta.logRetentionDuration`` (30 days by default): once the commit holding a
+    shard's newest position is gone, the shard's next owner resumes at its lease-table
+    checkpoint, which may be behind the table (as for :class:`IcebergSink`).
 
     Args:
         table_uri: the table's path or URI.
