@@ -198,17 +198,19 @@ class Publisher:
         def attempt() -> None:
             nonlocal pending
             response = client.put_records(StreamName=self.stream, Records=[entries[i] for i in pending])
-            failed = []
+            failed: list[int] = []
+            codes: set[str] = set()
             for i, outcome in zip(pending, response["Records"]):
-                if outcome.get("ErrorCode"):
+                code = outcome.get("ErrorCode")
+                if code:
                     failed.append(i)
+                    codes.add(code)
                 else:
                     results[i] = PutResult(outcome["ShardId"], outcome["SequenceNumber"])
             if failed:
-                codes = {response["Records"][pending.index(i)].get("ErrorCode") for i in failed}
                 log.debug("PutRecords on %s: %d of %d entries failed, retrying", self.stream, len(failed), len(pending))
                 pending = failed
-                raise _EntriesFailed(len(failed), {c for c in codes if c})
+                raise _EntriesFailed(len(failed), codes)
 
         def retriable(e: Exception) -> bool:
             if isinstance(e, _EntriesFailed):
