@@ -16,13 +16,13 @@ from typing import Any
 
 from .protocol import ActorSink, GatheringSink, Sink, as_sink
 
-__all__ = ["Sink", "GatheringSink", "ActorSink", "as_sink", "loaded_table_sink", "DatasetSink", "IcebergSink",
-           "DeltaSink"]
+__all__ = ["Sink", "GatheringSink", "ActorSink", "as_sink", "DatasetSink", "IcebergSink", "DeltaSink"]
 
 
 def loaded_table_sink(sink: object) -> Any:
-    """``sink`` if it is an IcebergSink or DeltaSink, else None. Never imports
-    :mod:`~kinesis_actors.sinks.tables` (a table sink exists only once it was imported)."""
+    """``sink`` if it is an IcebergSink or DeltaSink, else None (the library's own helper, for
+    ``subscribe`` and ``seek``: not in ``__all__``). Never imports :mod:`~kinesis_actors.sinks.tables`
+    (a table sink exists only once it was imported)."""
     tables = sys.modules.get(f"{__name__}.tables")
     return sink if tables is not None and tables.is_table_sink(sink) else None
 
