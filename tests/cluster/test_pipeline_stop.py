@@ -22,12 +22,12 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-import psutil
 import pytest
 
 from kinesis_actors import DynamoLeaseStore
 
 from ..integration.helpers import KeyedPublisher, create_stream, exactly_once, parquet_keys, wait_until
+from .processes import cluster_processes, end_processes
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PIPELINE = REPO / "cluster" / "pipeline.py"
@@ -60,20 +60,7 @@ class PipelineProcess:
     def kill_session(self) -> None:
         """Kill whatever is left of this run: every process of its session (Ray's workers
         have process groups of their own, but stay in the driver's session)."""
-        sid = self.proc.pid
-        left = []
-        for proc in psutil.process_iter(["pid"]):
-            try:
-                if proc.pid != os.getpid() and os.getsid(proc.pid) == sid:
-                    left.append(proc)
-            except (ProcessLookupError, PermissionError, psutil.Error):
-                continue
-        for proc in left:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(left, timeout=10)
+        end_processes(cluster_processes(session=self.proc.pid), grace_s=0)
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
