@@ -21,7 +21,15 @@ import pytest
 
 from kinesis_actors import DynamoLeaseStore
 
-from ..integration.helpers import KeyedPublisher, create_stream, exactly_once, kinesis_client, parquet_keys, wait_until
+from ..integration.helpers import (
+    KeyedPublisher,
+    create_stream,
+    exactly_once,
+    kinesis_client,
+    newest_by_shard,
+    parquet_keys,
+    wait_until,
+)
 from .processes import cluster_processes, end_processes, free_ports
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -206,10 +214,8 @@ def test_ray_job_stop_mid_run_then_a_resubmit_writes_every_record_exactly_once(
         print("first job stopped:", stopped[-1])  # written or dropped at the stop: shown with -s
         rows = lease_rows(endpoint, table, stream)
         assert all(r.owner is None for r in rows), rows  # released, not left to expire
-        newest: dict[str, int] = {}
-        for sid, seq in parquet_keys(out):
-            newest[sid] = max(newest.get(sid, 0), seq)
-        assert {r.shard_id: int(r.checkpoint) for r in rows if r.checkpoint} == newest  # none to read again
+        checkpoints = {r.shard_id: int(r.checkpoint) for r in rows if r.checkpoint}
+        assert checkpoints == newest_by_shard(parquet_keys(out))  # none to read again
 
         second = f"ka-resubmit-{unique}"
         submit(head, second, *args)
