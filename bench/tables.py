@@ -29,11 +29,12 @@ for _name, _value in (("RAY_AUTH_MODE", "disabled"), ("RAY_USAGE_STATS_ENABLED",
 import argparse  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
-import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
 from typing import Any  # noqa: E402
+
+from .common import create_stream, percentile, wait_for  # noqa: E402
 
 
 def _catalog(tmp: pathlib.Path) -> dict[str, str]:
@@ -71,10 +72,8 @@ def _drain(endpoint: str, stream: str, sink: Any, rows: Any, n: int, timeout_s: 
     with broker.connect() as c:
         sub = c.subscribe(KinesisStream(stream, start_at=StartAt.trim_horizon(), max_shards_per_reader=4), sink=sink)
         t0 = time.monotonic()
-        while rows() < n:
-            if time.monotonic() - t0 > timeout_s:
-                raise TimeoutError(f"{rows()} of {n} rows after {timeout_s} s")
-            time.sleep(0.05)
+        if not wait_for(lambda: rows() >= n, timeout_s):
+            raise TimeoutError(f"{rows()} of {n} rows after {timeout_s} s")
         elapsed = time.monotonic() - t0
         sub.close()
     return elapsed
@@ -86,12 +85,7 @@ def run(args: argparse.Namespace, endpoint: str, tmp: pathlib.Path) -> dict[str,
 
     conn = KinesisBroker(endpoint=endpoint, region="us-east-1", test_credentials=True).connect()
     stream = f"bench-tables-{uuid.uuid4().hex[:8]}"
-    import boto3
-
-    kinesis = boto3.client("kinesis", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x",
-                           aws_secret_access_key="x")
-    kinesis.create_stream(StreamName=stream, ShardCount=args.shards)
-    kinesis.get_waiter("stream_exists").wait(StreamName=stream)
+    create_stream(endpoint, stream, args.shards)
     payload = b"x" * args.record_bytes
     pub = conn.publisher(stream)
     for i in range(0, args.records, 500):
@@ -119,17 +113,12 @@ def _latency(endpoint: str, tmp: pathlib.Path, args: argparse.Namespace) -> dict
     """Publish at ``args.rate`` for ``args.seconds``; each record's latency is the commit time
     (the snapshot's ``timestamp-ms``) of the first snapshot whose position of its shard reaches
     its sequence number, minus its publish time (both this host's wall clock)."""
-    import boto3
-
     from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream, StartAt
     from kinesis_actors.sinks import IcebergSink
     from kinesis_actors.sinks.tables.positions import decode_positions
 
     stream = f"bench-lat-{uuid.uuid4().hex[:8]}"
-    kinesis = boto3.client("kinesis", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x",
-                           aws_secret_access_key="x")
-    kinesis.create_stream(StreamName=stream, ShardCount=args.shards)
-    kinesis.get_waiter("stream_exists").wait(StreamName=stream)
+    create_stream(endpoint, stream, args.shards)
     sink = IcebergSink("bench.latency", catalog=_catalog(tmp), commit_interval_s=1.0)
     broker = KinesisBroker(endpoint=endpoint, region="us-east-1", test_credentials=True,
                            lease_store=DynamoLeaseStore(f"bench-{uuid.uuid4().hex[:8]}", create_if_missing=True))
@@ -142,9 +131,7 @@ def _latency(endpoint: str, tmp: pathlib.Path, args: argparse.Namespace) -> dict
             res = pub.put(f"r{i}".encode(), partition_key=f"r{i}")
             sent.append((res.shard_id, int(res.sequence_number), t))
             time.sleep(max(0.0, 1.0 / args.rate - (time.time() - t)))
-        deadline = time.monotonic() + 60
-        while _count(_iceberg_rows(sink)) < len(sent) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        wait_for(lambda: _count(_iceberg_rows(sink)) >= len(sent), 60, interval_s=0.5)  # or score those seen
         sub.close()
     table = sink.backend().load()
     sink.close()
@@ -158,11 +145,10 @@ def _latency(endpoint: str, tmp: pathlib.Path, args: argparse.Namespace) -> dict
         done = next((ct for ct, pos in commits if pos.get(shard, -1) >= seq), None)
         if done is not None:
             lat.append(done - t)
-    lat.sort()
-    if not lat:
+    p50, p99 = percentile(lat, 50), percentile(lat, 99)
+    if p50 is None or p99 is None:
         return {"latency_records": 0}
-    return {"latency_records": len(lat), "latency_p50_s": round(statistics.median(lat), 2),
-            "latency_p99_s": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2)}
+    return {"latency_records": len(lat), "latency_p50_s": round(p50, 2), "latency_p99_s": round(p99, 2)}
 
 
 def main() -> None:

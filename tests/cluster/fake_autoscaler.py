@@ -16,7 +16,6 @@ import json
 import os
 import pathlib
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from .test_ray_job import free_ports
+from .processes import cluster_processes, end_processes, free_ports
 
 RAY = str(pathlib.Path(sys.executable).with_name("ray"))
 WORKER_TYPE = "ray.worker.reader"
@@ -102,33 +101,10 @@ class FakeAutoscalingHead:
 
     def processes(self) -> list[psutil.Process]:
         """Every process of the head's session, or naming its temp dir (and their children)."""
-        found: dict[int, psutil.Process] = {}
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            try:
-                mine = self.session is not None and os.getsid(proc.pid) == self.session
-                if mine or any(self.temp_dir in part for part in proc.info["cmdline"] or ()):
-                    found[proc.pid] = proc
-                    for child in proc.children(recursive=True):
-                        found[child.pid] = child
-            except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError, PermissionError):
-                continue
-        found.pop(os.getpid(), None)
-        return list(found.values())
+        return cluster_processes(temp_dir=self.temp_dir, session=self.session)
 
     def stop(self) -> None:
         """End every process of this cluster (SIGTERM, then SIGKILL after 5 s); remove its temp dir."""
         for _ in range(2):  # a node the autoscaler was starting may appear meanwhile
-            procs = self.processes()
-            for proc in procs:
-                try:
-                    proc.send_signal(signal.SIGTERM)
-                except psutil.NoSuchProcess:
-                    pass
-            _, alive = psutil.wait_procs(procs, timeout=5)
-            for proc in alive:
-                try:
-                    proc.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            psutil.wait_procs(alive, timeout=5)
+            end_processes(self.processes())
         shutil.rmtree(self.temp_dir, ignore_errors=True)

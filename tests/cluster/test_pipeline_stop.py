@@ -22,12 +22,12 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-import psutil
 import pytest
 
 from kinesis_actors import DynamoLeaseStore
 
-from ..integration.helpers import KeyedPublisher, create_stream, exactly_once, parquet_keys, wait_until
+from ..integration.helpers import KeyedPublisher, create_stream, exactly_once, newest_by_shard, parquet_keys, wait_until
+from .processes import cluster_processes, end_processes
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PIPELINE = REPO / "cluster" / "pipeline.py"
@@ -60,20 +60,7 @@ class PipelineProcess:
     def kill_session(self) -> None:
         """Kill whatever is left of this run: every process of its session (Ray's workers
         have process groups of their own, but stay in the driver's session)."""
-        sid = self.proc.pid
-        left = []
-        for proc in psutil.process_iter(["pid"]):
-            try:
-                if proc.pid != os.getpid() and os.getsid(proc.pid) == sid:
-                    left.append(proc)
-            except (ProcessLookupError, PermissionError, psutil.Error):
-                continue
-        for proc in left:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(left, timeout=10)
+        end_processes(cluster_processes(session=self.proc.pid), grace_s=0)
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
@@ -99,10 +86,7 @@ def pipeline_args(endpoint: str, stream: str, table: str, out: pathlib.Path, own
 
 def checkpoints_and_newest(endpoint: str, table: str, stream: str, out: pathlib.Path) -> tuple[Any, Any, Any]:
     rows = DynamoLeaseStore(table, endpoint=endpoint, region="us-east-1", test_credentials=True).list(stream)
-    newest: dict[str, int] = {}
-    for sid, seq in parquet_keys(out):
-        newest[sid] = max(newest.get(sid, 0), seq)
-    return rows, {r.shard_id: int(r.checkpoint) for r in rows if r.checkpoint}, newest
+    return rows, {r.shard_id: int(r.checkpoint) for r in rows if r.checkpoint}, newest_by_shard(parquet_keys(out))
 
 
 @pytest.mark.timeout(300)  # ~45 s on an idle 2-core VM: two runs, each starting its own Ray

@@ -9,8 +9,6 @@ import json
 import os
 import pathlib
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,23 +21,20 @@ import pytest
 
 from kinesis_actors import DynamoLeaseStore
 
-from ..integration.helpers import KeyedPublisher, create_stream, exactly_once, kinesis_client, parquet_keys, wait_until
+from ..integration.helpers import (
+    KeyedPublisher,
+    create_stream,
+    exactly_once,
+    kinesis_client,
+    newest_by_shard,
+    parquet_keys,
+    wait_until,
+)
+from .processes import cluster_processes, end_processes, free_ports
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RAY = str(pathlib.Path(sys.executable).with_name("ray"))
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
-
-
-def free_ports(n: int) -> list[int]:
-    sockets, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        sockets.append(s)
-        ports.append(s.getsockname()[1])
-    for s in sockets:
-        s.close()
-    return ports
 
 
 class Head:
@@ -83,32 +78,10 @@ class Head:
 
     def processes(self) -> list[psutil.Process]:
         """This cluster's processes: those naming its temp dir, and all their children."""
-        found: dict[int, psutil.Process] = {}
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            try:
-                if any(self.temp_dir in part for part in proc.info["cmdline"] or ()):
-                    found[proc.pid] = proc
-                    for child in proc.children(recursive=True):
-                        found[child.pid] = child
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        found.pop(os.getpid(), None)
-        return list(found.values())
+        return cluster_processes(temp_dir=self.temp_dir)
 
     def stop(self) -> None:
-        procs = self.processes()
-        for proc in procs:
-            try:
-                proc.send_signal(signal.SIGTERM)
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=5)
-        for proc in alive:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+        end_processes(self.processes())
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def ray(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
@@ -241,10 +214,8 @@ def test_ray_job_stop_mid_run_then_a_resubmit_writes_every_record_exactly_once(
         print("first job stopped:", stopped[-1])  # written or dropped at the stop: shown with -s
         rows = lease_rows(endpoint, table, stream)
         assert all(r.owner is None for r in rows), rows  # released, not left to expire
-        newest: dict[str, int] = {}
-        for sid, seq in parquet_keys(out):
-            newest[sid] = max(newest.get(sid, 0), seq)
-        assert {r.shard_id: int(r.checkpoint) for r in rows if r.checkpoint} == newest  # none to read again
+        checkpoints = {r.shard_id: int(r.checkpoint) for r in rows if r.checkpoint}
+        assert checkpoints == newest_by_shard(parquet_keys(out))  # none to read again
 
         second = f"ka-resubmit-{unique}"
         submit(head, second, *args)

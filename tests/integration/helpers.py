@@ -157,6 +157,14 @@ def parquet_keys(path: Any) -> list[tuple[str, int]]:
     return keys
 
 
+def newest_by_shard(keys: list[tuple[str, int]]) -> dict[str, int]:
+    """The highest sequence number of each shard among ``keys`` ((shard id, sequence number))."""
+    newest: dict[str, int] = {}
+    for sid, seq in keys:
+        newest[sid] = max(newest.get(sid, 0), seq)
+    return newest
+
+
 def exactly_once(published: set[tuple[str, int]], written: list[tuple[str, int]]) -> dict[str, Any]:
     """How ``written`` compares with ``published``: duplicates (a key written more than once,
     counted beyond its first), lost (published, never written), unknown (written, never published)."""

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from .metrics_recorder import metrics_sink  # noqa: F401  (a fixture for the unit tests)
+
 _MESSAGE = "the unit tier must not {what} Ray (use the fakes in kinesis_actors.testing, or move the test to tests/integration)"
 
 

@@ -1,8 +1,8 @@
 """Structure figures of ``kinesis_actors``, measured with ``ast`` and one runtime trace.
 
 ``python -m tests.unit.structure_metrics`` prints every figure beside its goal;
-``tests/unit/test_shape.py`` asserts the figures that hold (see ``GOALS`` and
-``NOT_YET`` there). The rules, exactly:
+``tests/unit/test_shape.py`` asserts every figure against its goal (``GOALS``). The
+rules, exactly:
 
 * **Import cycles**: a graph of the package's modules; an edge from a module to each
   package module it imports, at module level or inside a function or method, except an

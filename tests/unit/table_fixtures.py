@@ -3,6 +3,7 @@ warehouse, and deltalake on the local filesystem; records and a fault-injecting 
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -68,6 +69,19 @@ def commit_positions(backend: TableBackend) -> list[dict[ShardKey, Any]]:
         if positions:
             out.append(positions)
     return out
+
+
+async def until(cond: Callable[[], Any], *, within_s: float = 30.0, what: str = "the condition") -> None:
+    """Poll ``cond()`` on the event loop (real time: the committers commit in threads).
+
+    Raises:
+        AssertionError: ``within_s`` seconds passed first (naming ``what``).
+    """
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within_s
+    while not cond():
+        assert loop.time() < end, f"not within {within_s} s: {what}"
+        await asyncio.sleep(0.01)
 
 
 class FaultyBackend:

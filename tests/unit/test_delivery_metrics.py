@@ -11,7 +11,7 @@ from kinesis_actors.delivery import DeadLetterWriter, DeliveryEngine, DeliveryOp
 from kinesis_actors.testing import FakeClock
 
 from .delivery_fakes import SHARD, T0, Publisher, Sink, Sleeps, rec, recs
-from .test_metrics import RecordingSink
+from .metrics_recorder import RecordingSink
 
 
 def test_dead_lettered_filtered_bisected_partial_acks_and_batches_in_flight_are_exported() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,93 +14,65 @@ from kinesis_actors import StartAt, metrics
 from kinesis_actors.reader import ReaderSpec, ShardConsumer
 from kinesis_actors.testing import FakeClock, FakeShard, InlineIo, InProcessLeaseStore
 
+from .metrics_recorder import RecordingSink
+
 STREAM, SHARD = "s", "shardId-000000000000"
-
-
-class RecordingSink:
-    def __init__(self) -> None:
-        self.counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        self.gauges: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        self.calls = 0
-
-    def inc(self, name: str, value: float, tags: Any) -> None:
-        self.calls += 1
-        key = (name, tuple(sorted(tags.items())))
-        self.counters[key] = self.counters.get(key, 0) + value
-
-    def set(self, name: str, value: float, tags: Any) -> None:
-        self.calls += 1
-        self.gauges[(name, tuple(sorted(tags.items())))] = value
-
-    def counter(self, name: str, **tags: str) -> float:
-        return self.counters.get((name, tuple(sorted(tags.items()))), 0)
-
-    def gauge(self, name: str, **tags: str) -> float | None:
-        return self.gauges.get((name, tuple(sorted(tags.items()))))
-
-
-@pytest.fixture
-def sink() -> Iterator[RecordingSink]:
-    recorder = RecordingSink()
-    metrics.set_sink(recorder)
-    yield recorder
-    metrics.set_sink(None)
 
 
 SPEC = types.SimpleNamespace(stream=STREAM, shard_id=SHARD, owner_id="me")
 TAGS = {"stream": STREAM, "shard_id": SHARD, "owner_id": "me"}
 
 
-def test_reader_tick_exports_deltas_at_most_every_interval(sink: RecordingSink) -> None:
+def test_reader_tick_exports_deltas_at_most_every_interval(metrics_sink: RecordingSink) -> None:
     stats: dict[str, Any] = {"records": 10, "bytes": 100, "get_records_calls": 2, "throttles": 0,
                              "millis_behind_latest": 1500, "checkpoint": "5"}
     metrics.reader_tick(SPEC, stats, now=100.0)
-    assert sink.counter("records_delivered", **TAGS) == 10 and sink.counter("bytes_delivered", **TAGS) == 100
-    assert sink.gauge("millis_behind_latest", **TAGS) == 1500
+    assert metrics_sink.counter("records_delivered", **TAGS) == 10 and metrics_sink.counter("bytes_delivered", **TAGS) == 100
+    assert metrics_sink.gauge("millis_behind_latest", **TAGS) == 1500
     stats.update(records=25, bytes=250, get_records_calls=3)
     metrics.reader_tick(SPEC, stats, now=100.1)  # within EXPORT_INTERVAL_S: nothing exported
-    assert sink.counter("records_delivered", **TAGS) == 10
+    assert metrics_sink.counter("records_delivered", **TAGS) == 10
     metrics.reader_tick(SPEC, stats, now=100.1 + metrics.EXPORT_INTERVAL_S)
-    assert sink.counter("records_delivered", **TAGS) == 25 and sink.counter("get_records_calls", **TAGS) == 3
-    calls = sink.calls
+    assert metrics_sink.counter("records_delivered", **TAGS) == 25 and metrics_sink.counter("get_records_calls", **TAGS) == 3
+    calls = metrics_sink.calls
     metrics.reader_tick(SPEC, stats, now=200.0)  # nothing changed: only the gauges are set again
-    assert sink.calls - calls == 2
-    assert sink.counter("throttles", **TAGS) == 0
+    assert metrics_sink.calls - calls == 2
+    assert metrics_sink.counter("throttles", **TAGS) == 0
 
 
-def test_checkpoint_age_is_noted_in_stats_and_exported(sink: RecordingSink) -> None:
+def test_checkpoint_age_is_noted_in_stats_and_exported(metrics_sink: RecordingSink) -> None:
     stats: dict[str, Any] = {"records": 0, "checkpoint": "4"}
     metrics.reader_tick(SPEC, stats, now=50.0)
     assert stats["checkpoint_age_s"] == 0
     later = 50.0 + metrics.EXPORT_INTERVAL_S + 3.0
     metrics.reader_tick(SPEC, stats, now=later)
     age = later - 50.0
-    assert stats["checkpoint_age_s"] == age and sink.gauge("checkpoint_age_s", **TAGS) == age
+    assert stats["checkpoint_age_s"] == age and metrics_sink.gauge("checkpoint_age_s", **TAGS) == age
     stats["checkpoint"] = "9"
     metrics.reader_tick(SPEC, stats, now=later + 1.0)
     assert stats["checkpoint_age_s"] == 0
     metrics.reader_tick(SPEC, stats, now=later + 2.5)  # within the interval: noted in stats, not exported
-    assert stats["checkpoint_age_s"] == 1.5 and sink.gauge("checkpoint_age_s", **TAGS) == age
+    assert stats["checkpoint_age_s"] == 1.5 and metrics_sink.gauge("checkpoint_age_s", **TAGS) == age
 
 
-def test_a_shard_with_no_checkpoint_has_no_age_and_exports_none(sink: RecordingSink) -> None:
+def test_a_shard_with_no_checkpoint_has_no_age_and_exports_none(metrics_sink: RecordingSink) -> None:
     stats: dict[str, Any] = {"records": 0, "checkpoint": None}
     metrics.reader_tick(SPEC, stats, now=10.0)
     metrics.reader_tick(SPEC, stats, now=19.9, force=True)
     assert stats["checkpoint_age_s"] is None, "an idle shard with no checkpoint must not look 9.9 s old"
-    assert sink.gauge("checkpoint_age_s", **TAGS) is None
+    assert metrics_sink.gauge("checkpoint_age_s", **TAGS) is None
     stats["checkpoint"] = "1"
     metrics.reader_tick(SPEC, stats, now=21.0, force=True)
-    assert stats["checkpoint_age_s"] == 0 and sink.gauge("checkpoint_age_s", **TAGS) == 0
+    assert stats["checkpoint_age_s"] == 0 and metrics_sink.gauge("checkpoint_age_s", **TAGS) == 0
 
 
-def test_restarted_figures_count_from_zero(sink: RecordingSink) -> None:
+def test_restarted_figures_count_from_zero(metrics_sink: RecordingSink) -> None:
     metrics.reader_tick(SPEC, {"records": 40}, now=1.0)
     metrics.reader_tick(SPEC, {"records": 5}, now=2.0 + metrics.EXPORT_INTERVAL_S)  # a new reader for the shard here
-    assert sink.counter("records_delivered", **TAGS) == 45
+    assert metrics_sink.counter("records_delivered", **TAGS) == 45
 
 
-def test_coordinator_tick_exports_lease_figures(sink: RecordingSink) -> None:
+def test_coordinator_tick_exports_lease_figures(metrics_sink: RecordingSink) -> None:
     core = types.SimpleNamespace(stream=types.SimpleNamespace(name=STREAM), owner_id="me",
                                  counters={"leases_taken": 3, "leases_lost": 1, "readers_replaced": 0},
                                  held=lambda: ["a", "b"])
@@ -109,8 +80,8 @@ def test_coordinator_tick_exports_lease_figures(sink: RecordingSink) -> None:
     core.counters["leases_taken"] = 4
     metrics.coordinator_tick(core)
     tags = {"stream": STREAM, "owner_id": "me"}
-    assert sink.counter("leases_taken", **tags) == 4 and sink.counter("leases_lost", **tags) == 1
-    assert sink.gauge("leases_held", **tags) == 2
+    assert metrics_sink.counter("leases_taken", **tags) == 4 and metrics_sink.counter("leases_lost", **tags) == 1
+    assert metrics_sink.gauge("leases_held", **tags) == 2
 
 
 def test_a_failing_sink_never_reaches_the_caller() -> None:
@@ -136,7 +107,7 @@ def test_without_ray_nothing_is_exported_but_stats_get_the_age() -> None:
     assert stats["checkpoint_age_s"] >= 0
 
 
-def test_the_reader_calls_the_hook_and_stats_carry_the_exported_figures(sink: RecordingSink,
+def test_the_reader_calls_the_hook_and_stats_carry_the_exported_figures(metrics_sink: RecordingSink,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(metrics, "EXPORT_INTERVAL_S", 0.5)
     clock = FakeClock()  # the reader's clock, sleep and export interval; its calls inline
@@ -167,14 +138,14 @@ def test_the_reader_calls_the_hook_and_stats_carry_the_exported_figures(sink: Re
 
     asyncio.run(main())
     assert len(delivered) == 30
-    assert sink.counter("records_delivered", **TAGS) == reader.stats["records"] == 30
-    assert sink.counter("bytes_delivered", **TAGS) == reader.stats["bytes"]
+    assert metrics_sink.counter("records_delivered", **TAGS) == reader.stats["records"] == 30
+    assert metrics_sink.counter("bytes_delivered", **TAGS) == reader.stats["bytes"]
     # idle calls continue at the tip: the exported count trails by at most one export interval
-    assert 4 <= sink.counter("get_records_calls", **TAGS) <= reader.stats["get_records_calls"]
+    assert 4 <= metrics_sink.counter("get_records_calls", **TAGS) <= reader.stats["get_records_calls"]
     assert "checkpoint_age_s" in reader.stats
 
 
-def test_the_coordinator_calls_the_hook_on_each_lease_poll(sink: RecordingSink, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_coordinator_calls_the_hook_on_each_lease_poll(metrics_sink: RecordingSink, monkeypatch: pytest.MonkeyPatch) -> None:
     import kinesis_actors.coordinator as coordinator
 
     seen: list[Any] = []

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,15 +17,7 @@ from kinesis_actors.coordinator.presence import collect_stats
 from kinesis_actors.reader import ShardReaderCore
 from kinesis_actors.testing import FakeClock, InProcessLeaseStore
 
-from .test_metrics import RecordingSink
-
-
-@pytest.fixture
-def sink() -> Iterator[RecordingSink]:
-    recorder = RecordingSink()
-    metrics.set_sink(recorder)
-    yield recorder
-    metrics.set_sink(None)
+from .metrics_recorder import RecordingSink
 
 
 def fake_consumer(shard_id: str) -> Any:
@@ -34,7 +25,7 @@ def fake_consumer(shard_id: str) -> Any:
     return types.SimpleNamespace(spec=spec, stats={"bytes": 0, "records": 0})
 
 
-def test_reader_stats_carry_cpu_and_bytes_per_s_and_export_them(sink: RecordingSink) -> None:
+def test_reader_stats_carry_cpu_and_bytes_per_s_and_export_them(metrics_sink: RecordingSink) -> None:
     clock, used = FakeClock(), [0.0]
     core = ShardReaderCore(store=InProcessLeaseStore(clock=clock), deliver=None, kinesis=None,  # type: ignore[arg-type]
                            clock=clock, load_window_s=4.0, cpu_time=lambda: used[0])
@@ -55,9 +46,9 @@ def test_reader_stats_carry_cpu_and_bytes_per_s_and_export_them(sink: RecordingS
     assert got["reader"]["cpu"] == pytest.approx(0.8) and got["reader"]["pid"] == 4242
     assert got["shards"]["hot"]["bytes_per_s"] == 50_000.0 and got["shards"]["hot"]["records_per_s"] == 500.0
     assert got["shards"]["cold"]["bytes_per_s"] == 10.0
-    assert sink.gauge("reader_cpu", stream="s", owner_id="me", pid="4242") == pytest.approx(0.8)
+    assert metrics_sink.gauge("reader_cpu", stream="s", owner_id="me", pid="4242") == pytest.approx(0.8)
     metrics.reader_tick(hot.spec, hot.stats, now=clock(), force=True)  # the read loop's own export
-    assert sink.gauge("shard_bytes_per_s", stream="s", shard_id="hot", owner_id="me") == 50_000.0
+    assert metrics_sink.gauge("shard_bytes_per_s", stream="s", shard_id="hot", owner_id="me") == 50_000.0
 
 
 class Handle:

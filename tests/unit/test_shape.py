@@ -8,8 +8,7 @@ its line count. ``kinesis_actors/demo/`` and ``kinesis_actors/testing.py`` are e
 Structure figures (import cycles, private members reached across modules, direct clock
 calls, modules at 400-500 lines, files entered to follow a batch, a checkpoint and a
 renewal): each figure of ``structure_metrics.GOALS`` is asserted by
-``test_structure_figure_meets_its_goal`` unless it is named in :data:`NOT_YET`; a figure
-that reaches its goal is enabled by removing its name from :data:`NOT_YET`.
+``test_structure_figure_meets_its_goal``.
 ``python -m tests.unit.structure_metrics`` prints them all with the details.
 """
 
@@ -92,41 +91,14 @@ def test_no_module_class_or_function_over_the_limits() -> None:
     assert not violations, "shape limits broken:\n" + "\n".join(violations)
 
 
-NOT_YET: frozenset[str] = frozenset()
-"""Figures of ``structure_metrics.GOALS`` not asserted yet (none: every figure is asserted). A
-figure goes here only while code being rewritten elsewhere holds it over its goal; its name is
-removed once the figure meets its goal."""
-
-OUTSIDE_REWRITES = ("kinesis_actors.leases",)
-"""The packages whose rewrite is under way: the figures below already hold everywhere else."""
-
-
 @pytest.fixture(scope="module")
 def figures() -> dict[str, Any]:
-    return sm.figures(trace=bool((set(sm.GOALS) - NOT_YET) & {"batch_files", "renewal_files", "checkpoint_files"}))
+    return sm.figures()
 
 
-def test_every_not_yet_figure_is_a_goal() -> None:
-    assert set(sm.GOALS) >= NOT_YET
-
-
-@pytest.mark.parametrize("name", sorted(set(sm.GOALS) - NOT_YET))
+@pytest.mark.parametrize("name", sorted(sm.GOALS))
 def test_structure_figure_meets_its_goal(name: str, figures: dict[str, Any]) -> None:
     assert figures[name] <= sm.GOALS[name], f"{name} = {figures[name]} > {sm.GOALS[name]}:\n{sm.table(figures)}"
-
-
-def _outside(module: str) -> bool:
-    return not module.startswith(OUTSIDE_REWRITES)
-
-
-def test_no_import_cycle_outside_the_rewrites(figures: dict[str, Any]) -> None:
-    cycles = [c for c in figures["cycles"] if any(_outside(m) for m in c)]
-    assert not cycles, cycles
-
-
-def test_no_direct_clock_call_outside_the_clock_module_and_the_rewrites(figures: dict[str, Any]) -> None:
-    sites = [c for c in figures["clock_sites"] if _outside(c[0])]
-    assert not sites, sites
 
 
 def test_the_clock_rule_sees_calls_through_aliases_and_not_references() -> None:

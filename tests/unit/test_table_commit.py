@@ -13,7 +13,7 @@ import pytest
 
 from kinesis_actors.errors import LeaseLostError, SinkError
 from kinesis_actors.sinks.tables import ShardKey, TableCommitter, TablePosition
-from tests.unit.table_fixtures import STREAM, FaultyBackend, commit_positions, make_backend, records, rows_of, scan, seq
+from tests.unit.table_fixtures import STREAM, FaultyBackend, commit_positions, make_backend, records, rows_of, scan, seq, until
 
 KINDS = ["iceberg", "delta"]
 S0, S1 = ShardKey(STREAM, "shardId-000000000000"), ShardKey(STREAM, "shardId-000000000001")
@@ -272,8 +272,7 @@ def test_a_flush_during_a_round_in_flight_waits_for_that_rounds_rows(kind: str, 
         faulty.before_commit = lambda: gate.wait(10)  # the next commit hangs in the catalog
         await stage(c, S0, 1, 5, 5)
         c._event("_urgent").set()  # a round starts on its own (the interval elapsed)
-        while not c._in_flight():
-            await asyncio.sleep(0.01)
+        await until(c._in_flight, within_s=10.0, what="a commit round in flight")
         flush = asyncio.ensure_future(c.flush_shard(S0, 1))
         await asyncio.sleep(0.2)
         assert not flush.done()  # its rows are in the round in flight: not committed yet

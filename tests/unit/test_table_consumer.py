@@ -17,6 +17,8 @@ from kinesis_actors.sinks.tables.delta import DeltaBackend
 from kinesis_actors.sinks.tables.sink import to_rows
 from kinesis_actors.testing import FakeClock, FakeShard, InlineIo, InProcessLeaseStore
 
+from .table_fixtures import until
+
 STREAM, SHARD = "s", "shardId-000000000000"
 
 
@@ -69,10 +71,7 @@ def reader(shard: FakeShard, store: InProcessLeaseStore, sink: LocalTableSink, o
 
 async def run_until(consumer: ShardConsumer, cond: Any, timeout_s: float = 30.0) -> ConsumerState:
     task = asyncio.create_task(consumer.run())
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not (cond() or task.done()):
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
+    await until(lambda: cond() or task.done(), within_s=timeout_s)
     if not task.done():
         await consumer.stop(grace_s=10.0)
     return await task
@@ -93,8 +92,7 @@ def test_a_new_owner_resumes_after_the_table_when_it_is_ahead_of_the_checkpoint(
     async def scenario() -> None:
         first = reader(shard, store, sink, "a", min_checkpoint_interval_s=600.0)  # few checkpoint writes
         task = asyncio.create_task(first.run())
-        while sink.committer.stats()["rows_committed"] < 40:
-            await asyncio.sleep(0.02)
+        await until(lambda: sink.committer.stats()["rows_committed"] >= 40, what="40 rows committed")
         task.cancel()  # dies where it stands, as a SIGKILL: the lease table lags the table
         await asyncio.gather(task, return_exceptions=True)
         row = store.get(STREAM, SHARD)
@@ -114,12 +112,20 @@ def test_checkpoints_follow_the_commits_not_the_acknowledgements_and_a_close_com
     even by the renewals that carry checkpoints; the close commits, then checkpoints what it committed."""
     shard, store, sink = FakeShard(40), InProcessLeaseStore(), LocalTableSink(tmp_path / "t", commit_interval_s=3600.0)
 
+    renewals, renew = [0], store.renew
+
+    def counting_renew(lease: Any, **kw: Any) -> Any:
+        renewals[0] += 1
+        return renew(lease, **kw)
+
+    store.renew = counting_renew  # type: ignore[method-assign]
+
     async def scenario() -> tuple[str | None, ConsumerState]:
         consumer = reader(shard, store, sink, "a", min_checkpoint_interval_s=None)  # checkpoints ride renewals
         task = asyncio.create_task(consumer.run())
-        while consumer.stats["records"] < 40:
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(2.5)  # two renew intervals: renewals carry any pending checkpoint
+        await until(lambda: consumer.stats["records"] >= 40, what="40 records delivered")
+        seen = renewals[0]  # two renewals more, each of which would carry a pending checkpoint
+        await until(lambda: renewals[0] >= seen + 2, within_s=10.0, what="two renewals after the last batch")
         row = store.get(STREAM, SHARD)
         assert row is not None
         before = row.checkpoint
