@@ -50,8 +50,9 @@ _NEVER = float("-inf")
 
 
 def count_floor(leases: int, max_shards_per_reader: int) -> int:
-    """Readers count placement keeps for ``leases``: ``max(2, ceil(leases / cap) + 1)``
-    (the same as :func:`kinesis_actors.coordinator.pool.pool_size`)."""
+    """Readers count placement keeps for ``leases`` leases: ``max(2, ceil(leases / cap) + 1)``,
+    room for all of them with one reader to spare (the pool's size,
+    :func:`kinesis_actors.coordinator.pool.pool_size`, and the floor merging never goes below)."""
     return max(2, math.ceil(leases / max_shards_per_reader) + 1)
 
 

@@ -27,10 +27,9 @@ rows give the same plan.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from ..balancing import BalancePlan, ShardState, plan_leases
+from ..balancing import BalancePlan, ShardState, plan_leases, steal_order
 
 __all__ = ["MEASURABLE_KBPS", "plan_by_throughput", "BalanceMemory"]
 
@@ -94,11 +93,6 @@ def plan_by_throughput(me: str, shards: Sequence[ShardState], throughput_kbps: M
     if not steal:
         return base
     return dataclasses.replace(base, counts=counts, steal=tuple(steal))
-
-
-def steal_order(me: str, shard_id: str) -> str:
-    """A per-thief stable order of shards (a hash of both ids), as the count planner's ties."""
-    return hashlib.sha1(f"{me}\x00{shard_id}".encode()).hexdigest()
 
 
 def _holder_after(me: str, s: ShardState, held: set[str], take: set[str]) -> str | None:
