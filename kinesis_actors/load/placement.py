@@ -103,16 +103,16 @@ class LoadPlan:
     """What one pass decided.
 
     Attributes:
-        readers: how many readers the pool keeps (never below the count floor).
+        readers: how many readers the pool keeps (never below the count floor); a reader
+            being merged away is not counted, so once it is empty the pool, which stops
+            idle readers beyond this number, stops it.
         moves: shards to move now.
         start_reader: one more reader was asked for (``readers`` counts it).
-        draining: the reader being merged away (stopped once empty), or None.
     """
 
     readers: int
     moves: tuple[Move, ...] = ()
     start_reader: bool = False
-    draining: int | None = None
 
 
 class LoadPlacer:
@@ -131,11 +131,9 @@ class LoadPlacer:
         self.target_cpu, self.max_readers = target_cpu, max_readers
         self.cap, self.window_s = max_shards_per_reader, load_window_s
         self.shard_cpu: dict[str, float] = {}  # last estimate of each shard's CPU, cores
-        self._moved_at: dict[str, float] = {}  # shard -> when it last moved
-        self._moved_to: dict[str, tuple[int, float]] = {}  # shard -> (reader, when) of its last move
+        self._moved: dict[str, tuple[int, float]] = {}  # shard -> (target, when) of a move within 3 windows
         self._changed_at: dict[int, float] = {}  # reader -> when its set of shards last changed by a move
         self._last_start = _NEVER
-        self._last_move = _NEVER
         self._wanted = 0  # readers wanted for load (0: the count floor is enough)
         self.draining: int | None = None
         self._survivors: frozenset[int] | None = None  # READY readers when one died (re-spread pending)
@@ -162,14 +160,13 @@ class LoadPlacer:
         if self._respread_due(readers, now, starting):
             self._survivors = None
             moves = self._respread(readers, now)
-            return LoadPlan(readers=max(floor, self._wanted), moves=tuple(moves), draining=self.draining)
+            return LoadPlan(readers=max(floor, self._wanted), moves=tuple(moves))
         if self.target_cpu is None:
             return LoadPlan(readers=floor)
         moves, start = self._shed(readers, now, starting, leases)
         if not moves and not start and self.draining is None:
             moves = self._merge(readers, now, floor)
-        return LoadPlan(readers=max(floor, self._wanted), moves=tuple(moves), start_reader=start,
-                        draining=self.draining)
+        return LoadPlan(readers=max(floor, self._wanted), moves=tuple(moves), start_reader=start)
 
     # ------------------------------------------------------------------ shedding
     def _shed(self, readers: list[ReaderLoad], now: float, starting: int, leases: int) -> tuple[list[Move], bool]:
@@ -205,7 +202,7 @@ class LoadPlacer:
 
     def _hottest(self, reader: ReaderLoad, now: float) -> str | None:
         cpu = reader.cpu or 0.0
-        movable = [s for s in reader.shards if now - self._moved_at.get(s.shard_id, _NEVER) >= 3 * self.window_s
+        movable = [s for s in reader.shards if not self._settling(s.shard_id, now)
                    and MIN_MOVE_CPU <= self.shard_cpu.get(s.shard_id, 0.0) <= cpu - MIN_MOVE_CPU]
         if not movable:
             return None
@@ -217,7 +214,7 @@ class LoadPlacer:
     def _merge(self, readers: list[ReaderLoad], now: float, floor: int) -> list[Move]:
         assert self.target_cpu is not None
         target = self.target_cpu
-        if len(readers) <= floor or now - self._last_move < self.window_s:
+        if len(readers) <= floor or any(now - at < self.window_s for _, at in self._moved.values()):
             return []
         if any(r.cpu is None or not all(s.known for s in r.shards) for r in readers):
             return []
@@ -226,7 +223,7 @@ class LoadPlacer:
             return []
         proj = {r.id: self.projected(r, now) for r in readers}
         for victim in sorted(readers, key=lambda r: (proj[r.id], len(r.shards), -r.id)):
-            if any(now - self._moved_at.get(sid, _NEVER) < 3 * self.window_s for sid in victim.shard_ids):
+            if any(self._settling(sid, now) for sid in victim.shard_ids):
                 continue
             plan = self._drain_plan(victim, [r for r in readers if r.id != victim.id], proj, target)
             if plan is None:
@@ -317,19 +314,19 @@ class LoadPlacer:
         own = reader.cpu if settled and reader.cpu is not None else \
             sum(self.shard_cpu.get(s, 0.0) for s in reader.shard_ids)
         listed = set(reader.shard_ids)
-        coming = sum(self.shard_cpu.get(sid, 0.0) for sid, (rid, at) in self._moved_to.items()
+        coming = sum(self.shard_cpu.get(sid, 0.0) for sid, (rid, at) in self._moved.items()
                      if rid == reader.id and sid not in listed and now - at < self.window_s)
         return own + coming
 
+    def _settling(self, shard_id: str, now: float) -> bool:
+        """``shard_id`` moved within ``3 x load_window_s``: it is not moved again for load."""
+        return shard_id in self._moved and now - self._moved[shard_id][1] < 3 * self.window_s
+
     def _forget_old(self, now: float) -> None:
-        for sid in [s for s, at in self._moved_at.items() if now - at >= 3 * self.window_s]:
-            del self._moved_at[sid]
-        for sid in [s for s, (_, at) in self._moved_to.items() if now - at >= self.window_s]:
-            del self._moved_to[sid]
+        for sid in [s for s, (_, at) in self._moved.items() if now - at >= 3 * self.window_s]:
+            del self._moved[sid]
 
     def _record(self, move: Move, now: float) -> Move:
-        self._moved_at[move.shard_id] = now
-        self._moved_to[move.shard_id] = (move.target, now)
+        self._moved[move.shard_id] = (move.target, now)
         self._changed_at[move.source] = self._changed_at[move.target] = now
-        self._last_move = now
         return move
