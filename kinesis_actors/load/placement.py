@@ -7,9 +7,9 @@ readers and their figures (:class:`ReaderLoad`: the process's CPU in cores, aver
 * **Shed.** A reader whose CPU average is above ``target_cpu`` (its figure covers a whole
   window, and its set of shards has not changed for a window, so the figure is its own)
   moves its hottest shard away: one per window, never a shard moved by load within
-  ``3 x load_window_s``, never one estimated below :data:`MIN_MOVE_CPU` (it cannot cool
-  the reader) or carrying all but :data:`MIN_MOVE_CPU` of the reader's CPU (the problem
-  would only move with it), and never the last shard of a reader (a single-shard reader is
+  ``3 x load_window_s``, never one with no estimated CPU (no traffic: moving it cannot cool
+  the reader) or carrying all but :data:`MIN_MOVE_CPU` of the reader's CPU (its companions
+  are idle: the problem would only move with it), and never the last shard of a reader (a single-shard reader is
   not split). The shard goes to the least loaded other reader if that reader holds no shard
   or stays at or under the target with it; otherwise the plan asks for one new reader (at
   most one per window, none while one is starting, within ``max_readers``; None caps at
@@ -44,7 +44,8 @@ IDLE_CPU = 0.05
 """Cores: below this for the whole pool, load says nothing and re-spreading goes by count."""
 
 MIN_MOVE_CPU = 0.01
-"""Cores: a shard estimated below this is never moved for load (moving it cannot cool its reader)."""
+"""Cores: a shard is shed only if at least this much of its reader's CPU stays behind (else its
+companions are idle, and the reader's load would only move with it)."""
 
 _NEVER = float("-inf")
 
@@ -203,7 +204,7 @@ class LoadPlacer:
     def _hottest(self, reader: ReaderLoad, now: float) -> str | None:
         cpu = reader.cpu or 0.0
         movable = [s for s in reader.shards if not self._settling(s.shard_id, now)
-                   and MIN_MOVE_CPU <= self.shard_cpu.get(s.shard_id, 0.0) <= cpu - MIN_MOVE_CPU]
+                   and 0.0 < self.shard_cpu.get(s.shard_id, 0.0) <= cpu - MIN_MOVE_CPU]
         if not movable:
             return None
         best = max(movable, key=lambda s: (self.shard_cpu.get(s.shard_id, 0.0), s.bytes_per_s, s.records_per_s,
