@@ -86,7 +86,7 @@ class ReaderDemand:
         requested: readers asked for now (None: no request made, or withdrawn).
 
     No method raises: a failed node look-up admits the reader, a failed request is logged
-    and left for the next change of the pool's size.
+    and sent again by the next call that needs it (:attr:`requested` keeps the last one sent).
     """
 
     def __init__(self, bundle: Mapping[str, float], *, nodes: Callable[[], list[dict[str, float]]] = _ray_nodes,
