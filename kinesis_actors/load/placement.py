@@ -142,15 +142,25 @@ class LoadPlacer:
 
     # ------------------------------------------------------------------ events
     def reader_died(self, survivors: Sequence[int], now: float) -> None:
-        """A reader died; ``survivors`` are the READY readers left. The pool is re-spread
-        once a replacement is READY (or after ``3 x load_window_s``)."""
+        """A reader died; ``survivors`` are the ids of the READY readers left, ``now`` the
+        caller's monotonic seconds. The pool is re-spread once a reader not among them is
+        READY (or ``3 x load_window_s`` after ``now`` without one)."""
         self._survivors = frozenset(survivors)
         self._died_at = now
 
     # ------------------------------------------------------------------ the pass
     def plan(self, readers: Sequence[ReaderLoad], now: float, *, starting: int = 0) -> LoadPlan:
-        """Decide this pass's moves over the READY ``readers`` (``starting``: readers still
-        starting). The moves returned are recorded as done: the caller carries them out."""
+        """Decide this pass over the READY readers.
+
+        Args:
+            readers: every READY reader with its figures and the shards placed on it.
+            now: the caller's monotonic clock, seconds.
+            starting: readers asked for and not READY yet (no new one is asked meanwhile).
+
+        Returns:
+            The :class:`LoadPlan`. Its moves are recorded as done (the damping counts from
+            ``now``): the caller carries them out.
+        """
         readers = sorted(readers, key=lambda r: r.id)
         self._forget_old(now)
         self._estimate(readers)
@@ -308,7 +318,7 @@ class LoadPlacer:
                 self.shard_cpu[s.shard_id] = r.cpu * (share_b + share_r) / 2
 
     def projected(self, reader: ReaderLoad, now: float) -> float:
-        """``reader``'s CPU with the moves of the last window counted: its own figure once
+        """``reader``'s CPU, cores, with the moves of the last window counted: its own figure once
         its shards have not changed for a window, else the sum of its shards' estimates;
         plus the estimates of shards moved to it within the window that it does not list yet."""
         settled = reader.cpu is not None and now - self._changed_at.get(reader.id, _NEVER) >= self.window_s
