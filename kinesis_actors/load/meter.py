@@ -11,9 +11,10 @@ sampled the figure is not known yet (None; ``stats()`` shows ``0.0``).
 CPU is read through an injected function, by default :func:`~kinesis_actors.clock.cpu_s` (user +
 system CPU seconds of every thread of this process, as the kernel accounts them), so a
 reader's figure covers its event loop, its I/O threads and the record filter alike.
-psutil reads the same kernel counter (``Process.cpu_times``) and averages only since its
-previous call (``Process.cpu_percent``), not over a window, so it would add a dependency to
-the library for nothing the standard library lacks; the window is kept here.
+psutil reads the same accounting (``Process.cpu_times``: the kernel's user + system CPU of the
+process) and averages only since its previous call (``Process.cpu_percent``), not over a
+window, so it would add a dependency to the library for nothing the standard library lacks;
+the window is kept here.
 """
 
 from __future__ import annotations
