@@ -15,17 +15,18 @@ The request is a floor on the cluster's capacity (the bundles must fit, counting
 runs), not a queue: each call replaces the last, whoever makes it, as Ray keeps one request
 per cluster. Once made, it follows the pool's size as readers start and stop
 (:meth:`ReaderDemand.follow`), down to no bundle at all when the close has stopped every
-reader, so the autoscaler may remove the idle nodes after its ``idle_timeout_minutes``. Nothing is requested for readers
-that need no resources (the default ``num_cpus=0``) or while every reader can be placed.
+reader, so the autoscaler may remove the idle nodes after its ``idle_timeout_minutes``.
+Nothing is requested for readers that need no resources (the default ``num_cpus=0``) or
+while every reader can be placed.
 
 Because the request is one per cluster, this demand is only right while it is the cluster's
 only caller of ``request_resources``: another subscription's Coordinator in the same cluster
 (each has a :class:`ReaderDemand`), or Ray Data's executions (which sum their own requests in
 one actor per cluster), replace it, and a close here clears theirs. A replaced request is
-sent again only when this pool's size changes. Summing the callers would need such a shared
-actor, which this library does not run (instances share only the lease table). Only resources are
-matched: a reader's ``label_selector`` is not part of its bundle, so a node of the right
-shape without the labels counts as able to hold it.
+sent again only when this pool's size changes. Summing the callers would need such a
+shared actor, which this library does not run (instances share only the lease table). Only
+resources are matched: a reader's ``label_selector`` is not part of its bundle, so a node of
+the right shape without the labels counts as able to hold it.
 """
 
 from __future__ import annotations
