@@ -145,11 +145,9 @@ class Retry:
                 return fn()
             except Exception as e:
                 failed += 1
-                pause = self.pause_s(failed, started=started) if retry_on(e) else None
+                pause = self._after_failure(e, failed, started, retry_on, on_retry)
                 if pause is None:
                     raise
-                if on_retry is not None:
-                    on_retry(e, failed, pause)
                 sleep(pause)
 
     async def call_async(self, fn: Callable[[], Awaitable[T]], *, retry_on: Callable[[Exception], bool],
@@ -167,9 +165,17 @@ class Retry:
                 return await fn()
             except Exception as e:
                 failed += 1
-                pause = self.pause_s(failed, started=started) if retry_on(e) else None
+                pause = self._after_failure(e, failed, started, retry_on, on_retry)
                 if pause is None:
                     raise
-                if on_retry is not None:
-                    on_retry(e, failed, pause)
                 await sleep(pause)
+
+    def _after_failure(self, error: Exception, failed: int, started: float,
+                       retry_on: Callable[[Exception], bool],
+                       on_retry: Callable[[Exception, int, float], None] | None) -> float | None:
+        """The decision :meth:`call` and :meth:`call_async` share: the pause before the next
+        attempt (``on_retry`` told), or None to raise ``error``."""
+        pause = self.pause_s(failed, started=started) if retry_on(error) else None
+        if pause is not None and on_retry is not None:
+            on_retry(error, failed, pause)
+        return pause

@@ -33,7 +33,7 @@ import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-__all__ = ["ShardState", "BalancePlan", "plan_leases", "steal_count"]
+__all__ = ["ShardState", "BalancePlan", "plan_leases", "steal_count", "steal_order"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +89,10 @@ def steal_count(mine: int, victim: int, target: int, max_leases_to_steal: int) -
     return min(n, max_leases_to_steal)
 
 
-def _steal_order(me: str, shard_id: str) -> str:
+def steal_order(me: str, shard_id: str) -> str:
+    """A per-thief stable order of shards (a hash of both ids, hex): ties among candidate
+    steals break the same way at every poll, and differently for each thief, so two
+    instances stealing at once rarely pick the same lease."""
     return hashlib.sha1(f"{me}\x00{shard_id}".encode()).hexdigest()
 
 
@@ -193,5 +196,5 @@ def _leases_to_steal(me: str, readable: Sequence[ShardState], held: set[str], co
         for s in readable
         if s.owner == victim and s.next_owner is None and not s.expired and s.shard_id not in held
     ]
-    candidates.sort(key=lambda sid: _steal_order(me, sid))
+    candidates.sort(key=lambda sid: steal_order(me, sid))
     return tuple((sid, victim) for sid in candidates[:n])

@@ -1,6 +1,6 @@
 """Metrics through ``ray.util.metrics``: per shard and per instance, on Ray's Prometheus endpoint.
 
-Two hooks feed them, each called from one place:
+Three hooks feed them, each called from one place:
 
 * :func:`reader_tick` from a ShardReader's heartbeat (every step of its read loop and
   every half renew interval while it waits on the downstream). It exports the deltas of
@@ -215,6 +215,17 @@ def _export_gauges(sink: MetricsSink, state: _Exported, names: Mapping[str, str]
             sink.set(name, value, state.tags)
 
 
+def _due(state: _Exported, now: float, force: bool) -> MetricsSink | None:
+    """The sink to export ``state``'s figures to now, or None: within :data:`EXPORT_INTERVAL_S`
+    of its last export (unless ``force``) or with no sink. A non-None answer counts as the export."""
+    if not force and now - state.exported_at < EXPORT_INTERVAL_S:
+        return None
+    sink = _sink()
+    if sink is not None:
+        state.exported_at = now
+    return sink
+
+
 def reader_tick(spec: Any, stats: dict[str, Any], *, now: float | None = None, force: bool = False) -> None:
     """A reader's heartbeat: note ``checkpoint_age_s`` in ``stats``, export deltas (rate-limited).
 
@@ -235,12 +246,9 @@ def reader_tick(spec: Any, stats: dict[str, Any], *, now: float | None = None, f
             state.checkpoint, state.checkpoint_since = stats.get("checkpoint"), now
         # No checkpoint yet (a fresh shard, after a seek): no age, so an age alert never fires on it.
         stats["checkpoint_age_s"] = None if state.checkpoint is None else round(now - state.checkpoint_since, 3)
-        if not force and now - state.exported_at < EXPORT_INTERVAL_S:
-            return
-        sink = _sink()
+        sink = _due(state, now, force)
         if sink is None:
             return
-        state.exported_at = now
         _export_counters(sink, state, SHARD_COUNTERS, stats)
         _export_gauges(sink, state, SHARD_GAUGES, stats)
     except Exception as e:  # never disturb the read path
@@ -261,13 +269,9 @@ def reader_load_tick(stream: str, owner_id: str, pid: str, figures: Mapping[str,
         state = _PROCESSES.get(key)
         if state is None:
             state = _PROCESSES[key] = _Exported(dict(zip(READER_TAGS, key)))
-        if not force and now - state.exported_at < EXPORT_INTERVAL_S:
-            return
-        sink = _sink()
-        if sink is None:
-            return
-        state.exported_at = now
-        _export_gauges(sink, state, READER_GAUGES, figures)
+        sink = _due(state, now, force)
+        if sink is not None:
+            _export_gauges(sink, state, READER_GAUGES, figures)
     except Exception as e:  # never disturb the read path
         _warn_once(e)
 

@@ -17,12 +17,12 @@ import dataclasses
 import enum
 import itertools
 import logging
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ..backoff import Backoff
 from ..load.autoscale import ReaderDemand
+from ..load.placement import count_floor
 from ..reader import ShardEvent
 from ..reader.timers import wait_event, wait_first
 from .handles import Launcher, ReaderGone, ReaderHandle, ReaderUnreachable
@@ -82,8 +82,9 @@ class PooledReader:
 
 def pool_size(leases: int, max_shards_per_reader: int) -> int:
     """Readers the pool keeps for ``leases`` leases: room for all of them with one reader
-    to spare, and at least 2, so the leases of any one dead reader fit on the others."""
-    return max(2, math.ceil(leases / max_shards_per_reader) + 1)
+    to spare, and at least 2, so the leases of any one dead reader fit on the others
+    (:func:`~kinesis_actors.load.placement.count_floor`, the floor load placement keeps too)."""
+    return count_floor(leases, max_shards_per_reader)
 
 
 def pick_reader(loads: Mapping[int, int], max_shards_per_reader: int) -> int | None:

@@ -423,8 +423,8 @@ class DemoRun:
     def _watch_takeover(self) -> None:
         """Sample the lease table every 0.1 s until the crashed instance's rows have new owners."""
         shards, victim = self.crash["shards"], self.crash["owner"]
-        deadline = wall_s() + 10 * self.opts.lease_duration_s + 30
-        while wall_s() < deadline and self.target is not None:
+        deadline = monotonic_s() + 10 * self.opts.lease_duration_s + 30  # wall time only for the stamps
+        while monotonic_s() < deadline and self.target is not None:
             try:
                 rows = {r["shard_id"]: r["owner"] for r in self._lease_rows()}
             except Exception:

@@ -45,7 +45,10 @@ def kill_child(proc: subprocess.Popen[str], owner_pid: int | None = None) -> Non
         except subprocess.TimeoutExpired:
             log.warning("emulator process %d ignored SIGTERM for %.0f s; killing it", proc.pid, STOP_TIMEOUT_S)
             proc.kill()
-            proc.wait(STOP_TIMEOUT_S)
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:  # uninterruptible in the kernel: give up rather than raise
+                log.warning("emulator process %d still there %.0f s after SIGKILL", proc.pid, STOP_TIMEOUT_S)
         except ProcessLookupError:
             pass
     for stream in (proc.stdout, proc.stderr):

@@ -11,12 +11,22 @@ autoscaler (the cluster launcher's or KubeRay's) to keep room for those bundles.
 autoscaler then adds nodes of a type that has the resources; the pool starts the reader at a
 later upkeep, once a node can hold it. Shards wait on the readers that exist meanwhile.
 
-The request is a floor on the cluster's capacity, not a queue: each call replaces the last
-(one request per Ray cluster, whoever makes it). Once made, it follows the pool's size as
-readers start and stop, and :meth:`ReaderDemand.withdraw` (on close) sets it back to nothing,
-so the autoscaler may remove the idle nodes after its ``idle_timeout_minutes``. Nothing is
-requested for readers that need no resources (the default ``num_cpus=0``) or while every
-reader can be placed.
+The request is a floor on the cluster's capacity (the bundles must fit, counting what already
+runs), not a queue: each call replaces the last, whoever makes it, as Ray keeps one request
+per cluster. Once made, it follows the pool's size as readers start and stop
+(:meth:`ReaderDemand.follow`), down to no bundle at all when the close has stopped every
+reader, so the autoscaler may remove the idle nodes after its ``idle_timeout_minutes``.
+Nothing is requested for readers that need no resources (the default ``num_cpus=0``) or
+while every reader can be placed.
+
+Because the request is one per cluster, this demand is only right while it is the cluster's
+only caller of ``request_resources``: another subscription's Coordinator in the same cluster
+(each has a :class:`ReaderDemand`), or Ray Data's executions (which sum their own requests in
+one actor per cluster), replace it, and a close here clears theirs. A replaced request is
+sent again only when this pool's size changes. Summing the callers would need such a
+shared actor, which this library does not run (instances share only the lease table). Only
+resources are matched: a reader's ``label_selector`` is not part of its bundle, so a node of
+the right shape without the labels counts as able to hold it.
 """
 
 from __future__ import annotations
@@ -74,7 +84,10 @@ class ReaderDemand:
             ``ray.autoscaler.sdk.request_resources(bundles=...)``).
 
     Attributes:
-        requested: readers asked for now (None: no request made, or withdrawn).
+        requested: readers asked for now (None: no request made yet).
+
+    No method raises: a failed node look-up admits the reader, a failed request is logged
+    and sent again by the next call that needs it (:attr:`requested` keeps the last one sent).
     """
 
     def __init__(self, bundle: Mapping[str, float], *, nodes: Callable[[], list[dict[str, float]]] = _ray_nodes,
@@ -102,15 +115,10 @@ class ReaderDemand:
         return ok
 
     def follow(self, readers: int) -> None:
-        """The pool now has ``readers``: lower (or raise) a request made earlier to match."""
+        """The pool now has ``readers``: lower (or raise) a request made earlier to match
+        (0, once the close stopped every reader: an empty request)."""
         if self.requested is not None and readers != self.requested:
             self._ask(readers)
-
-    def withdraw(self) -> None:
-        """Take the request back (the subscription closes)."""
-        if self.requested is not None:
-            self._ask(0)
-            self.requested = None
 
     def _ask(self, readers: int) -> None:
         if readers == self.requested:

@@ -11,6 +11,10 @@ sampled the figure is not known yet (None; ``stats()`` shows ``0.0``).
 CPU is read through an injected function, by default :func:`~kinesis_actors.clock.cpu_s` (user +
 system CPU seconds of every thread of this process, as the kernel accounts them), so a
 reader's figure covers its event loop, its I/O threads and the record filter alike.
+psutil reads the same accounting (``Process.cpu_times``: the kernel's user + system CPU of the
+process) and averages only since its previous call (``Process.cpu_percent``), not over a
+window, so it would add a dependency to the library for nothing the standard library lacks;
+the window is kept here.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ class WindowRate:
         if len(self._samples) < 2:
             return None
         (t0, v0), (t1, v1) = self._samples[0], self._samples[-1]
-        if t1 - t0 < self.window_s * 0.999 or t1 <= t0:
+        if t1 - t0 < self.window_s * 0.999:  # also t1 <= t0, as window_s > 0
             return None
         return (v1 - v0) / (t1 - t0)
 
@@ -99,14 +103,13 @@ class LoadFigures:
         self._cpu = CpuMeter(window_s, cpu_time=cpu_time, clock=clock)
         self._clock = clock
         self._shards: dict[str, tuple[WindowRate, WindowRate]] = {}
-        self.cpu: float | None = None
 
     def annotate(self, reader: dict[str, Any], shards: Mapping[str, dict[str, Any]]) -> None:
         """Sample now and write the figures into ``reader`` and each of ``shards`` (in place)."""
         now = self._clock()
-        self.cpu = self._cpu.sample()
-        reader["cpu"] = round(self.cpu, 4) if self.cpu is not None else 0.0
-        reader["load_known"] = self.cpu is not None
+        cpu = self._cpu.sample()
+        reader["cpu"] = round(cpu, 4) if cpu is not None else 0.0
+        reader["load_known"] = cpu is not None
         reader["load_window_s"] = self.window_s
         for sid in [s for s in self._shards if s not in shards]:
             del self._shards[sid]

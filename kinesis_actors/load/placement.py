@@ -7,9 +7,9 @@ readers and their figures (:class:`ReaderLoad`: the process's CPU in cores, aver
 * **Shed.** A reader whose CPU average is above ``target_cpu`` (its figure covers a whole
   window, and its set of shards has not changed for a window, so the figure is its own)
   moves its hottest shard away: one per window, never a shard moved by load within
-  ``3 x load_window_s``, never one estimated below :data:`MIN_MOVE_CPU` (it cannot cool
-  the reader) or carrying all but :data:`MIN_MOVE_CPU` of the reader's CPU (the problem
-  would only move with it), and never the last shard of a reader (a single-shard reader is
+  ``3 x load_window_s``, never one with no estimated CPU (no traffic: moving it cannot cool
+  the reader) or carrying all but :data:`MIN_MOVE_CPU` of the reader's CPU (its companions
+  are idle: the problem would only move with it), and never the last shard of a reader (a single-shard reader is
   not split). The shard goes to the least loaded other reader if that reader holds no shard
   or stays at or under the target with it; otherwise the plan asks for one new reader (at
   most one per window, none while one is starting, within ``max_readers``; None caps at
@@ -44,14 +44,16 @@ IDLE_CPU = 0.05
 """Cores: below this for the whole pool, load says nothing and re-spreading goes by count."""
 
 MIN_MOVE_CPU = 0.01
-"""Cores: a shard estimated below this is never moved for load (moving it cannot cool its reader)."""
+"""Cores: a shard is shed only if at least this much of its reader's CPU stays behind (else its
+companions are idle, and the reader's load would only move with it)."""
 
 _NEVER = float("-inf")
 
 
 def count_floor(leases: int, max_shards_per_reader: int) -> int:
-    """Readers count placement keeps for ``leases``: ``max(2, ceil(leases / cap) + 1)``
-    (the same as :func:`kinesis_actors.coordinator.pool.pool_size`)."""
+    """Readers count placement keeps for ``leases`` leases: ``max(2, ceil(leases / cap) + 1)``,
+    room for all of them with one reader to spare (the pool's size,
+    :func:`kinesis_actors.coordinator.pool.pool_size`, and the floor merging never goes below)."""
     return max(2, math.ceil(leases / max_shards_per_reader) + 1)
 
 
@@ -102,16 +104,16 @@ class LoadPlan:
     """What one pass decided.
 
     Attributes:
-        readers: how many readers the pool keeps (never below the count floor).
+        readers: how many readers the pool keeps (never below the count floor); a reader
+            being merged away is not counted, so once it is empty the pool, which stops
+            idle readers beyond this number, stops it.
         moves: shards to move now.
         start_reader: one more reader was asked for (``readers`` counts it).
-        draining: the reader being merged away (stopped once empty), or None.
     """
 
     readers: int
     moves: tuple[Move, ...] = ()
     start_reader: bool = False
-    draining: int | None = None
 
 
 class LoadPlacer:
@@ -130,11 +132,9 @@ class LoadPlacer:
         self.target_cpu, self.max_readers = target_cpu, max_readers
         self.cap, self.window_s = max_shards_per_reader, load_window_s
         self.shard_cpu: dict[str, float] = {}  # last estimate of each shard's CPU, cores
-        self._moved_at: dict[str, float] = {}  # shard -> when it last moved
-        self._moved_to: dict[str, tuple[int, float]] = {}  # shard -> (reader, when) of its last move
+        self._moved: dict[str, tuple[int, float]] = {}  # shard -> (target, when) of a move within 3 windows
         self._changed_at: dict[int, float] = {}  # reader -> when its set of shards last changed by a move
         self._last_start = _NEVER
-        self._last_move = _NEVER
         self._wanted = 0  # readers wanted for load (0: the count floor is enough)
         self.draining: int | None = None
         self._survivors: frozenset[int] | None = None  # READY readers when one died (re-spread pending)
@@ -142,15 +142,25 @@ class LoadPlacer:
 
     # ------------------------------------------------------------------ events
     def reader_died(self, survivors: Sequence[int], now: float) -> None:
-        """A reader died; ``survivors`` are the READY readers left. The pool is re-spread
-        once a replacement is READY (or after ``3 x load_window_s``)."""
+        """A reader died; ``survivors`` are the ids of the READY readers left, ``now`` the
+        caller's monotonic seconds. The pool is re-spread once a reader not among them is
+        READY (or ``3 x load_window_s`` after ``now`` without one)."""
         self._survivors = frozenset(survivors)
         self._died_at = now
 
     # ------------------------------------------------------------------ the pass
     def plan(self, readers: Sequence[ReaderLoad], now: float, *, starting: int = 0) -> LoadPlan:
-        """Decide this pass's moves over the READY ``readers`` (``starting``: readers still
-        starting). The moves returned are recorded as done: the caller carries them out."""
+        """Decide this pass over the READY readers.
+
+        Args:
+            readers: every READY reader with its figures and the shards placed on it.
+            now: the caller's monotonic clock, seconds.
+            starting: readers asked for and not READY yet (no new one is asked meanwhile).
+
+        Returns:
+            The :class:`LoadPlan`. Its moves are recorded as done (the damping counts from
+            ``now``): the caller carries them out.
+        """
         readers = sorted(readers, key=lambda r: r.id)
         self._forget_old(now)
         self._estimate(readers)
@@ -161,14 +171,13 @@ class LoadPlacer:
         if self._respread_due(readers, now, starting):
             self._survivors = None
             moves = self._respread(readers, now)
-            return LoadPlan(readers=max(floor, self._wanted), moves=tuple(moves), draining=self.draining)
+            return LoadPlan(readers=max(floor, self._wanted), moves=tuple(moves))
         if self.target_cpu is None:
             return LoadPlan(readers=floor)
         moves, start = self._shed(readers, now, starting, leases)
         if not moves and not start and self.draining is None:
             moves = self._merge(readers, now, floor)
-        return LoadPlan(readers=max(floor, self._wanted), moves=tuple(moves), start_reader=start,
-                        draining=self.draining)
+        return LoadPlan(readers=max(floor, self._wanted), moves=tuple(moves), start_reader=start)
 
     # ------------------------------------------------------------------ shedding
     def _shed(self, readers: list[ReaderLoad], now: float, starting: int, leases: int) -> tuple[list[Move], bool]:
@@ -204,8 +213,8 @@ class LoadPlacer:
 
     def _hottest(self, reader: ReaderLoad, now: float) -> str | None:
         cpu = reader.cpu or 0.0
-        movable = [s for s in reader.shards if now - self._moved_at.get(s.shard_id, _NEVER) >= 3 * self.window_s
-                   and MIN_MOVE_CPU <= self.shard_cpu.get(s.shard_id, 0.0) <= cpu - MIN_MOVE_CPU]
+        movable = [s for s in reader.shards if not self._settling(s.shard_id, now)
+                   and 0.0 < self.shard_cpu.get(s.shard_id, 0.0) <= cpu - MIN_MOVE_CPU]
         if not movable:
             return None
         best = max(movable, key=lambda s: (self.shard_cpu.get(s.shard_id, 0.0), s.bytes_per_s, s.records_per_s,
@@ -216,7 +225,7 @@ class LoadPlacer:
     def _merge(self, readers: list[ReaderLoad], now: float, floor: int) -> list[Move]:
         assert self.target_cpu is not None
         target = self.target_cpu
-        if len(readers) <= floor or now - self._last_move < self.window_s:
+        if len(readers) <= floor or any(now - at < self.window_s for _, at in self._moved.values()):
             return []
         if any(r.cpu is None or not all(s.known for s in r.shards) for r in readers):
             return []
@@ -225,7 +234,7 @@ class LoadPlacer:
             return []
         proj = {r.id: self.projected(r, now) for r in readers}
         for victim in sorted(readers, key=lambda r: (proj[r.id], len(r.shards), -r.id)):
-            if any(now - self._moved_at.get(sid, _NEVER) < 3 * self.window_s for sid in victim.shard_ids):
+            if any(self._settling(sid, now) for sid in victim.shard_ids):
                 continue
             plan = self._drain_plan(victim, [r for r in readers if r.id != victim.id], proj, target)
             if plan is None:
@@ -309,26 +318,26 @@ class LoadPlacer:
                 self.shard_cpu[s.shard_id] = r.cpu * (share_b + share_r) / 2
 
     def projected(self, reader: ReaderLoad, now: float) -> float:
-        """``reader``'s CPU with the moves of the last window counted: its own figure once
+        """``reader``'s CPU, cores, with the moves of the last window counted: its own figure once
         its shards have not changed for a window, else the sum of its shards' estimates;
         plus the estimates of shards moved to it within the window that it does not list yet."""
         settled = reader.cpu is not None and now - self._changed_at.get(reader.id, _NEVER) >= self.window_s
         own = reader.cpu if settled and reader.cpu is not None else \
             sum(self.shard_cpu.get(s, 0.0) for s in reader.shard_ids)
         listed = set(reader.shard_ids)
-        coming = sum(self.shard_cpu.get(sid, 0.0) for sid, (rid, at) in self._moved_to.items()
+        coming = sum(self.shard_cpu.get(sid, 0.0) for sid, (rid, at) in self._moved.items()
                      if rid == reader.id and sid not in listed and now - at < self.window_s)
         return own + coming
 
+    def _settling(self, shard_id: str, now: float) -> bool:
+        """``shard_id`` moved within ``3 x load_window_s``: it is not moved again for load."""
+        return shard_id in self._moved and now - self._moved[shard_id][1] < 3 * self.window_s
+
     def _forget_old(self, now: float) -> None:
-        for sid in [s for s, at in self._moved_at.items() if now - at >= 3 * self.window_s]:
-            del self._moved_at[sid]
-        for sid in [s for s, (_, at) in self._moved_to.items() if now - at >= self.window_s]:
-            del self._moved_to[sid]
+        for sid in [s for s, (_, at) in self._moved.items() if now - at >= 3 * self.window_s]:
+            del self._moved[sid]
 
     def _record(self, move: Move, now: float) -> Move:
-        self._moved_at[move.shard_id] = now
-        self._moved_to[move.shard_id] = (move.target, now)
+        self._moved[move.shard_id] = (move.target, now)
         self._changed_at[move.source] = self._changed_at[move.target] = now
-        self._last_move = now
         return move

@@ -27,10 +27,9 @@ rows give the same plan.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from ..balancing import BalancePlan, ShardState, plan_leases
+from ..balancing import BalancePlan, ShardState, plan_leases, steal_order
 
 __all__ = ["MEASURABLE_KBPS", "plan_by_throughput", "BalanceMemory"]
 
@@ -60,21 +59,20 @@ def plan_by_throughput(me: str, shards: Sequence[ShardState], throughput_kbps: M
         A :class:`BalancePlan` (``target`` and ``counts`` are the count planner's).
     """
     held_set = set(held)
+    kbps = {s.shard_id: float(throughput_kbps.get(s.shard_id) or 0.0) for s in shards}
+    if all(v < MEASURABLE_KBPS for v in kbps.values()):  # the count planner, KCL's no-steal-when-taking rule included
+        return plan_leases(me, shards, held=held_set, live_instances=live_instances, max_leases=max_leases,
+                           max_leases_to_steal=max_leases_to_steal)
     base = plan_leases(me, shards, held=held_set, live_instances=live_instances, max_leases=max_leases,
                        max_leases_to_steal=0)
     by_id = {s.shard_id: s for s in shards}
     if any(by_id[sid].owner != me for sid in base.take):
         return base  # a round that takes a free or expired row steals nothing
-    kbps = {s.shard_id: float(throughput_kbps.get(s.shard_id) or 0.0) for s in shards}
-    if all(v < MEASURABLE_KBPS for v in kbps.values()):
-        return plan_leases(me, shards, held=held_set, live_instances=live_instances, max_leases=max_leases,
-                           max_leases_to_steal=max_leases_to_steal)
     load = dict.fromkeys(base.live, 0.0)
-    holder: dict[str, str] = {}
+    taking = set(base.take)
     for s in sorted(shards, key=lambda s: s.shard_id):
-        who = _holder_after(me, s, held_set, set(base.take))
+        who = _holder_after(me, s, held_set, taking)
         if who is not None:
-            holder[s.shard_id] = who
             load[who] = load.get(who, 0.0) + kbps[s.shard_id]
     share = sum(load.values()) / max(1, len(load))
     counts = dict(base.counts)
@@ -94,11 +92,6 @@ def plan_by_throughput(me: str, shards: Sequence[ShardState], throughput_kbps: M
     if not steal:
         return base
     return dataclasses.replace(base, counts=counts, steal=tuple(steal))
-
-
-def steal_order(me: str, shard_id: str) -> str:
-    """A per-thief stable order of shards (a hash of both ids), as the count planner's ties."""
-    return hashlib.sha1(f"{me}\x00{shard_id}".encode()).hexdigest()
 
 
 def _holder_after(me: str, s: ShardState, held: set[str], take: set[str]) -> str | None:

@@ -28,8 +28,8 @@ def test_an_unplaceable_reader_is_asked_of_the_autoscaler_and_the_request_follow
     assert sent[-1] == [{"kinesis_reader": 1.0}] * 3
     demand.follow(1)  # readers stopped: the request shrinks
     assert sent[-1] == [{"kinesis_reader": 1.0}]
-    demand.withdraw()
-    assert sent[-1] == [] and demand.requested is None
+    demand.follow(0)  # the close stopped every reader: nothing is asked any more
+    assert sent[-1] == [] and demand.requested == 0
 
 
 def test_nothing_is_asked_while_readers_fit_or_need_nothing() -> None:
@@ -38,7 +38,7 @@ def test_nothing_is_asked_while_readers_fit_or_need_nothing() -> None:
     demand = ReaderDemand({"CPU": 1}, nodes=lambda: [{"CPU": 2}], request=sent.append)
     assert demand.admit(5)
     demand.follow(3)
-    demand.withdraw()
+    demand.follow(0)
     assert sent == []
 
 

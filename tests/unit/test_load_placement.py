@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from kinesis_actors.load import LoadPlacer, ReaderLoad, ShardLoad
@@ -213,3 +214,22 @@ def test_a_reader_hot_from_one_shard_alone_keeps_it_and_its_cold_companions() ->
     for t in range(0, 200, 2):
         plan = p.plan(view, now=float(t))
         assert plan.moves == () and not plan.start_reader  # moving any of them cannot cool reader 1
+
+
+def test_a_reader_hot_from_many_small_shards_sheds_them_one_per_window_until_under_target() -> None:
+    p = placer()
+    cost = 0.007  # cores per shard: 100 of them make 0.7, each far below any fixed "worth moving" floor
+    readers = {1: [f"s{i:03d}" for i in range(100)], 2: ["x"]}
+    since = {1: -W, 2: -W}
+    moved_at = []
+    for i in range(150):
+        now = 2.0 * i
+        view = [ReaderLoad(rid, cost * len(sids) if now - since[rid] >= W else None,
+                           tuple(shard(s, 10) for s in sids)) for rid, sids in sorted(readers.items())]
+        for m in p.plan(view, now=now).moves:
+            readers[m.source].remove(m.shard_id)
+            readers[m.target].append(m.shard_id)
+            since[m.source] = since[m.target] = now
+            moved_at.append(now)
+    assert cost * len(readers[1]) <= 0.6 < cost * (len(readers[1]) + 1), readers  # shed just enough
+    assert len(moved_at) == 15 and all(b - a >= W for a, b in itertools.pairwise(moved_at))  # one per window
