@@ -48,6 +48,8 @@ __all__ = ["LeaseKeeper", "CheckpointPacer", "CHECKPOINT_BACKOFF"]
 log = logging.getLogger("kinesis_actors.reader")
 
 CHECKPOINT_BACKOFF = Backoff(base_s=0.2, cap_s=5.0, floor_s=0.05)
+"""Waits between attempts of a lease write the store failed transiently (:meth:`LeaseKeeper.retried`),
+each capped at a third of the renew interval and at 1 s."""
 
 RENEW_SLOT_S = 0.25
 """Renewals fall due on a grid of this many seconds of the monotonic clock (at most a tenth of
@@ -60,7 +62,7 @@ def renewal_slot(due: float, renew_interval_s: float) -> float:
     tenth of ``renew_interval_s``): a renewal is late by less than one slot."""
     slot = min(RENEW_SLOT_S, renew_interval_s / 10)
     return math.ceil(due / slot) * slot
-"""Waits between attempts of a checkpoint or renewal the store failed transiently (capped by the renew interval)."""
+
 
 Write = Callable[..., "Lease | None"]
 """A store write: ``write(latest lease, *args)`` -> the new Lease (e.g. ``store.renew``)."""
@@ -279,10 +281,6 @@ class LeaseKeeper:
         """
         await self.retried("checkpoint", functools.partial(self.write, "checkpoint", None, pacer=pacer),
                            sleep=sleep_alive)
-
-    async def release(self) -> Lease:
-        """Release the lease (a fenced write; see :meth:`write`)."""
-        return await self.write("release", self.store.release)
 
     # ------------------------------------------------------------------ liveness
     def alive(self) -> None:
