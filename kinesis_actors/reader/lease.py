@@ -309,13 +309,14 @@ class LeaseKeeper:
         spec = self.spec
         first = True
         while self.lost is None:
-            due = self._last_write + spec.renew_interval_s
+            written = self._last_write
+            due = written + spec.renew_interval_s
             if first:
                 due -= self._rng() * spec.renew_interval_s / 2
                 first = False
             await self._sleep(max(0.0, renewal_slot(due, spec.renew_interval_s) - self._clock()))
             now = self._clock()
-            if renewal_slot(self._last_write + spec.renew_interval_s, spec.renew_interval_s) > now + 1e-9:
+            if self._last_write != written:
                 continue  # a checkpoint written meanwhile renewed the lease: the next renewal is due later
             silent = now - self.last_sign_of_life()
             if silent > spec.lease_duration_s:  # the loop is stuck (a hung call): let the lease lapse
