@@ -1,6 +1,6 @@
 """CoordinatorCore: one subscription's control loop, composed of one part per role.
 
-Parts (each in its own module, each with one state enum): the reader pool
+Parts (each in its own module, a state enum for each life): the reader pool
 (:mod:`.pool`), the placements of held leases (:mod:`.placements`), the handoffs
 (:mod:`.handoffs`), the lease-table poll (:mod:`.poll`), presence and stats
 (:mod:`.presence`). The core's :class:`~.tick.Tick`, like Ray Serve's

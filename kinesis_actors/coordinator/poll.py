@@ -11,12 +11,6 @@ Stream identity: the first ``ListShards`` notes the stream's ARN and creation ti
 incarnation (the stream was deleted and re-created under the same name) counts as
 absent: it finishes no parent, and taking it restarts it at ``start_at``.
 
-One round of the poll is in one :class:`PollState`::
-
-    IDLE --read--> READING --table read--> TAKING --takes answered--> IDLE
-                      |                                      ^
-                      `--the read failed (logged)------------'
-
 A failed take costs no other take of the same round: it is logged and counted
 (``takes_failed``) and the shard is taken at a later poll.
 """
@@ -25,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -36,17 +29,9 @@ from ..kinesis import ShardInfo, describe_stream, list_shards
 from ..leases.protocol import Lease, LeaseStore
 from ..load.throughput import BalanceMemory, plan_by_throughput
 
-__all__ = ["PollState", "TableView", "Taken", "PollOutcome", "LeasePoll"]
+__all__ = ["TableView", "Taken", "PollOutcome", "LeasePoll"]
 
 log = logging.getLogger("kinesis_actors.coordinator")
-
-
-class PollState(enum.Enum):
-    """Where the lease poll is (transitions in the module docstring)."""
-
-    IDLE = "idle"
-    READING = "reading"
-    TAKING = "taking"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +89,6 @@ class LeasePoll:
         self.stream, self._store, self._io, self._kinesis = stream, store, io, kinesis
         self.owner_id, self._duration_s, self._clock, self.counters = owner_id, lease_duration_s, clock, counters
         counters.setdefault("takes_failed", 0)
-        self.state = PollState.IDLE
         self.shards: dict[str, ShardInfo] = {}
         self.finished: set[str] = set()
         self.identity: tuple[str, int] | None = None  # (stream ARN, creation epoch ms)
@@ -135,13 +119,9 @@ class LeasePoll:
     # ------------------------------------------------------------------ the table
     async def read(self) -> TableView:
         """Read the table (one consistent snapshot); note finished shards; list the readable ones."""
-        self.state = PollState.READING
-        try:
-            read_at = self._clock()
-            snap = await self._io(self._store.snapshot, self.stream.name)
-            self.last_read_s = self._clock() - read_at
-        finally:
-            self.state = PollState.IDLE
+        read_at = self._clock()
+        snap = await self._io(self._store.snapshot, self.stream.name)
+        self.last_read_s = self._clock() - read_at
         rows = self._this_incarnation({lease.shard_id: lease for lease in snap.leases})
         self.finished |= {sid for sid, row in rows.items() if row.finished}
         readable = [sid for sid in sorted(self.shards)
@@ -218,12 +198,8 @@ class LeasePoll:
     async def take_all(self, shard_ids: list[str], skip: Callable[[str], bool]) -> list[Taken]:
         """Take ``shard_ids`` in parallel; returns those taken and not finished (finished rows
         are released). ``skip(shard_id)`` after a take: drop it (closing, or held meanwhile)."""
-        self.state = PollState.TAKING
-        try:
-            sent = self._clock()
-            outcomes = await asyncio.gather(*(self.take(sid) for sid in shard_ids), return_exceptions=True)
-        finally:
-            self.state = PollState.IDLE
+        sent = self._clock()
+        outcomes = await asyncio.gather(*(self.take(sid) for sid in shard_ids), return_exceptions=True)
         taken: list[Taken] = []
         for shard_id, got in zip(shard_ids, outcomes):
             if isinstance(got, Exception):  # one failed take costs none of the others
