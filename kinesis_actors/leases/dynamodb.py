@@ -18,9 +18,10 @@ The table's check and creation on first use, and the settings' checks, are
 numbers have 56 digits, more than a DynamoDB number holds.
 
 Retries live in one layer. The client is built with botocore's retries off
-(``max_attempts=0``): the holder's writes (renewals, checkpoints) are retried by the reader's
-lease keeper until the lease's own deadline, and the Coordinator's reads and takes run again
-at its next lease poll. botocore's retries under those would stack (three attempts, each up
+(``max_attempts=0``): the holder's writes (renewals, checkpoints, the first start position,
+``SHARD_END``) are retried by the reader's lease keeper until the lease's own deadline, the
+Coordinator's first table read until its first pass's deadline, and its later reads and takes
+run again at its next lease poll. botocore's retries under those would stack (three attempts, each up
 to the read timeout, inside one attempt of ours), and a renewal could then outlive the
 deadline it is retried against.
 """
