@@ -1,12 +1,12 @@
 """Coordinator: one per subscription. Lists shards, reads the lease table, takes leases,
 keeps a pool of ShardReaders and packs the leases into them, re-homes a dead reader's leases.
 
-One module per role, each with one state enum whose transitions its docstring draws:
+One module per role; a part with a life of its own has one state enum, drawn in its docstring:
 
 * :mod:`.pool` -- the reader pool (``ReaderState``: STARTING / READY / GONE);
 * :mod:`.placements` -- place, re-home, open (``HeldState``: WAITING / PLACING / OPENING / OPEN);
 * :mod:`.handoffs` -- handoff requests, as thief and as owner (``RequestState``);
-* :mod:`.poll` -- the lease-table poll, resharding, stream identity (``PollState``, ``PollOutcome``);
+* :mod:`.poll` -- the lease-table poll, resharding, stream identity (``PollOutcome``);
 * :mod:`.presence` -- the presence row and stats (``PresenceState``);
 * :mod:`.lifecycle` -- the core's own phase (``CoordinatorState``: NEW / STARTING /
   RUNNING / CLOSING / CLOSED / FAILED);

@@ -1,6 +1,6 @@
 """CoordinatorCore: one subscription's control loop, composed of one part per role.
 
-Parts (each in its own module, each with one state enum): the reader pool
+Parts (each in its own module, a state enum for each life): the reader pool
 (:mod:`.pool`), the placements of held leases (:mod:`.placements`), the handoffs
 (:mod:`.handoffs`), the lease-table poll (:mod:`.poll`), presence and stats
 (:mod:`.presence`). The core's :class:`~.tick.Tick`, like Ray Serve's
@@ -122,7 +122,7 @@ class CoordinatorCore:
         self._tasks = TaskSet(self.counters)  # handoff calls, reader watches
         self.threads = concurrent.futures.ThreadPoolExecutor(_STORE_THREADS, thread_name_prefix="ka-coordinator")
         self.leases = LeasePoll(stream=stream, store=store, io=self._io, kinesis=kinesis, owner_id=owner_id,
-                                lease_duration_s=lease_duration_s, clock=clock, counters=self.counters)
+                                lease_duration_s=lease_duration_s, clock=clock, counters=self.counters, sleep=sleep)
         self.pool = ReaderPool(launch=launcher, max_shards_per_reader=stream.max_shards_per_reader,
                                load=lambda rid: self.placements.load(rid), on_event=self._apply,
                                on_gone=self._reader_gone, on_ready=lambda: self.placements.update(),
@@ -291,8 +291,8 @@ class CoordinatorCore:
         instance for handoffs; pass requests for our own rows on to their readers.
 
         Args:
-            deadline: the first pass (injected clock): grow the pool and wait for room for
-                every lease to take, then wait until each is open or the deadline passes.
+            deadline: the first pass (injected clock): retry a transient table read, grow the
+                pool and wait for room for every lease to take, then until each is open.
                 Without it the opens run in the background, so a slow reader never delays
                 the next poll (``PollOutcome.opened`` is then 0).
 
@@ -303,7 +303,7 @@ class CoordinatorCore:
             What the table read raises; with ``deadline``, a reader's fatal error on open.
             A failed take, forced takeover or handoff request is logged and costs no other.
         """
-        view = await self.leases.read()
+        view = await self.leases.read(deadline=deadline)
         metrics.coordinator_tick(self)  # lease figures, once per poll (looked up in its module at each call)
         held = self.placements.held
         plan = self.leases.plan(view, held.keys())

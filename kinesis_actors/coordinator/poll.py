@@ -11,11 +11,10 @@ Stream identity: the first ``ListShards`` notes the stream's ARN and creation ti
 incarnation (the stream was deleted and re-created under the same name) counts as
 absent: it finishes no parent, and taking it restarts it at ``start_at``.
 
-One round of the poll is in one :class:`PollState`::
-
-    IDLE --read--> READING --table read--> TAKING --takes answered--> IDLE
-                      |                                      ^
-                      `--the read failed (logged)------------'
+The first pass's table read retries a transient store error (throttled, a timeout) with
+backoff until the pass's deadline: the lease table's client makes one attempt per call, and
+the first pass's errors are the subscription's. A later poll's read is not retried: the tick
+polls again when next due.
 
 A failed take costs no other take of the same round: it is logged and counted
 (``takes_failed``) and the shard is taken at a later poll.
@@ -25,28 +24,31 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from ..backoff import Backoff, Retry
 from ..balancing import BalancePlan, ShardState, plan_leases
 from ..config import KinesisStream
+from ..errors import KinesisError, is_unreachable
 from ..kinesis import ShardInfo, describe_stream, list_shards
 from ..leases.protocol import Lease, LeaseStore
 from ..load.throughput import BalanceMemory, plan_by_throughput
 
-__all__ = ["PollState", "TableView", "Taken", "PollOutcome", "LeasePoll"]
+__all__ = ["TableView", "Taken", "PollOutcome", "LeasePoll"]
 
 log = logging.getLogger("kinesis_actors.coordinator")
 
+TABLE_BACKOFF = Backoff(base_s=0.2, cap_s=2.0, floor_s=0.05)
+"""Waits between the first pass's reads of the lease table after a transient store error."""
 
-class PollState(enum.Enum):
-    """Where the lease poll is (transitions in the module docstring)."""
 
-    IDLE = "idle"
-    READING = "reading"
-    TAKING = "taking"
+def transient_store_error(error: Exception) -> bool:
+    """True for a lease-store error worth another read: ``retriable``, not ``fatal`` (a live
+    KCL fleet), and not an endpoint that refused the connection (nothing listens there)."""
+    return (isinstance(error, KinesisError) and error.retriable and not getattr(error, "fatal", False)
+            and not is_unreachable(error.__cause__ or error))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,17 +96,17 @@ class LeasePoll:
         store: the lease store; io: runs its blocking calls in the Coordinator's threads.
         kinesis: a boto3 Kinesis client (``ListShards``, ``DescribeStreamSummary``).
         owner_id / lease_duration_s: our owner id and the lease duration, seconds.
-        clock: the injected monotonic clock, seconds.
+        clock / sleep: the injected monotonic clock (seconds) and its sleep.
         counters: ``leases_taken`` and ``takes_failed`` are counted here.
     """
 
     def __init__(self, *, stream: KinesisStream, store: LeaseStore, io: Callable[..., Awaitable[Any]], kinesis: Any,
                  owner_id: str, lease_duration_s: float, clock: Callable[[], float],
-                 counters: dict[str, int]) -> None:
+                 counters: dict[str, int], sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
         self.stream, self._store, self._io, self._kinesis = stream, store, io, kinesis
         self.owner_id, self._duration_s, self._clock, self.counters = owner_id, lease_duration_s, clock, counters
+        self._sleep = sleep
         counters.setdefault("takes_failed", 0)
-        self.state = PollState.IDLE
         self.shards: dict[str, ShardInfo] = {}
         self.finished: set[str] = set()
         self.identity: tuple[str, int] | None = None  # (stream ARN, creation epoch ms)
@@ -133,20 +135,31 @@ class LeasePoll:
         return (arn, round(seconds * 1000))
 
     # ------------------------------------------------------------------ the table
-    async def read(self) -> TableView:
-        """Read the table (one consistent snapshot); note finished shards; list the readable ones."""
-        self.state = PollState.READING
-        try:
-            read_at = self._clock()
-            snap = await self._io(self._store.snapshot, self.stream.name)
-            self.last_read_s = self._clock() - read_at
-        finally:
-            self.state = PollState.IDLE
+    async def read(self, *, deadline: float | None = None) -> TableView:
+        """Read the table (one consistent snapshot); note finished shards; list the readable ones.
+
+        Args:
+            deadline: the first pass's (injected clock, seconds): a transient store error
+                (:func:`transient_store_error`) is retried with :data:`TABLE_BACKOFF` until
+                then. None: one read.
+
+        Raises:
+            What the store's ``snapshot`` raises (``LeaseStoreError``, ``KclFleetLiveError``).
+        """
+        read_at = self._clock()
+        snap = await self._io(self._store.snapshot, self.stream.name) if deadline is None else \
+            await Retry(TABLE_BACKOFF, deadline_s=max(0.0, deadline - read_at), clock=self._clock).call_async(
+                lambda: self._io(self._store.snapshot, self.stream.name), retry_on=transient_store_error,
+                on_retry=self._read_failed, sleep=self._sleep)
+        self.last_read_s = self._clock() - read_at
         rows = self._this_incarnation({lease.shard_id: lease for lease in snap.leases})
         self.finished |= {sid for sid, row in rows.items() if row.finished}
         readable = [sid for sid in sorted(self.shards)
                     if sid not in self.finished and self.parents_done(self.shards[sid], rows)]
         return TableView(rows, [i.owner for i in snap.instances], readable, self._clock())
+
+    def _read_failed(self, error: Exception, failed: int, pause_s: float) -> None:
+        log.info("%s: lease table read failed (%r); retry %d in %.2f s", self.stream.name, error, failed, pause_s)
 
     def _this_incarnation(self, rows: dict[str, Lease]) -> dict[str, Lease]:
         if self.identity is None:
@@ -218,12 +231,8 @@ class LeasePoll:
     async def take_all(self, shard_ids: list[str], skip: Callable[[str], bool]) -> list[Taken]:
         """Take ``shard_ids`` in parallel; returns those taken and not finished (finished rows
         are released). ``skip(shard_id)`` after a take: drop it (closing, or held meanwhile)."""
-        self.state = PollState.TAKING
-        try:
-            sent = self._clock()
-            outcomes = await asyncio.gather(*(self.take(sid) for sid in shard_ids), return_exceptions=True)
-        finally:
-            self.state = PollState.IDLE
+        sent = self._clock()
+        outcomes = await asyncio.gather(*(self.take(sid) for sid in shard_ids), return_exceptions=True)
         taken: list[Taken] = []
         for shard_id, got in zip(shard_ids, outcomes):
             if isinstance(got, Exception):  # one failed take costs none of the others

@@ -18,9 +18,10 @@ The table's check and creation on first use, and the settings' checks, are
 numbers have 56 digits, more than a DynamoDB number holds.
 
 Retries live in one layer. The client is built with botocore's retries off
-(``max_attempts=0``): the holder's writes (renewals, checkpoints) are retried by the reader's
-lease keeper until the lease's own deadline, and the Coordinator's reads and takes run again
-at its next lease poll. botocore's retries under those would stack (three attempts, each up
+(``max_attempts=0``): the holder's writes (renewals, checkpoints, the first start position,
+``SHARD_END``) are retried by the reader's lease keeper until the lease's own deadline, the
+Coordinator's first table read until its first pass's deadline, and its later reads and takes
+run again at its next lease poll. botocore's retries under those would stack (three attempts, each up
 to the read timeout, inside one attempt of ours), and a renewal could then outlive the
 deadline it is retried against.
 """
@@ -28,10 +29,8 @@ deadline it is retried against.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
-import re
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -48,12 +47,6 @@ __all__ = ["DynamoLeaseStore", "DynamoRows", "check_settings"]
 logger = logging.getLogger(__name__)
 
 _CLIENT_LOCK = threading.Lock()  # boto3 sessions are not thread-safe when building clients
-
-
-@functools.cache
-def _method_name(operation: str) -> str:
-    """``"UpdateItem"`` -> ``"update_item"`` (the boto3 client method), computed once per operation."""
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", operation).lower()
 
 
 def to_attr(value: Any) -> dict[str, Any]:
@@ -206,15 +199,28 @@ class DynamoRows:
         Raises:
             LeaseStoreError / InvalidError: any other error, translated (:meth:`translate`).
         """
+        from botocore import xform_name  # "UpdateItem" -> "update_item", cached by botocore
         from botocore.exceptions import BotoCoreError, ClientError
 
-        method = getattr(self.client_now(), _method_name(operation))
+        method = getattr(self.client_now(), xform_name(operation))
         try:
             return method(**kwargs)
         except (ClientError, BotoCoreError) as e:
             if conditional and aws_error_code(e) == "ConditionalCheckFailedException":
                 return None
             raise self.translate(e, operation) from e
+
+    def scan_items(self, **kwargs: Any) -> list[Row]:
+        """Every item of a consistent ``Scan`` of the table with ``kwargs`` (a filter, a
+        ``Limit``), paged through ``LastEvaluatedKey``, as rows. Raises as :meth:`api`."""
+        kwargs = {"TableName": self.table, "ConsistentRead": True, **kwargs}
+        rows: list[Row] = []
+        while True:
+            response = self.api("Scan", **kwargs)
+            rows.extend(from_item(item) for item in response.get("Items", ()))
+            if not response.get("LastEvaluatedKey"):
+                return rows
+            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
 
     def ensure_table(self) -> None:
         """Check the table once per process; create it (``create_if_missing``) and wait until ACTIVE.
@@ -241,7 +247,6 @@ class DynamoRows:
         """Consistent ``Scan`` pages filtered on the stream and its key prefixes."""
         self.ensure_table()
         kwargs: dict[str, Any] = {
-            "TableName": self.table, "ConsistentRead": True,
             "FilterExpression": "#stream = :stream AND (begins_with(#key, :prefix) OR begins_with(#key, :presence))",
             "ExpressionAttributeNames": {"#stream": STREAM, "#key": KEY},
             "ExpressionAttributeValues": {":stream": {"S": stream}, ":prefix": {"S": f"{stream}:"},
@@ -249,13 +254,7 @@ class DynamoRows:
         }
         if self._scan_page_size is not None:
             kwargs["Limit"] = self._scan_page_size
-        rows: list[Row] = []
-        while True:
-            response = self.api("Scan", **kwargs)
-            rows.extend(from_item(item) for item in response.get("Items", ()))
-            if not response.get("LastEvaluatedKey"):
-                return rows
-            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+        return self.scan_items(**kwargs)
 
     def put_new(self, row: Row) -> bool:
         """``PutItem`` on ``attribute_not_exists(lease_key)``."""

@@ -208,14 +208,7 @@ class KclRows:
             raise KclFleetLiveError(self.live)
 
     def _scan_items(self) -> list[dict[str, Any]]:
-        kwargs: dict[str, Any] = {"TableName": self.table, "ConsistentRead": True}
-        items: list[dict[str, Any]] = []
-        while True:
-            response = self.dynamo.api("Scan", **kwargs)
-            items.extend(item for item in map(from_item, response.get("Items", ())) if is_lease_item(item))
-            if not response.get("LastEvaluatedKey"):
-                return items
-            kwargs["ExclusiveStartKey"] = response["LastEvaluatedKey"]
+        return [item for item in self.dynamo.scan_items() if is_lease_item(item)]
 
     def scan(self, stream: str) -> list[Row]:
         """Every lease row of ``stream`` (a multi-stream table: of one incarnation, the known one,

@@ -40,8 +40,7 @@ def scan_lease_rows(dynamodb: Any, table: str, stream: str | None = None) -> lis
         LeaseStoreError: the table is missing or unreachable (the message names it).
     """
     rows: list[dict[str, Any]] = []
-    for item in _scan_pages(dynamodb, table):
-        row = {k: next(iter(v.values())) for k, v in item.items()}
+    for row in _scan_pages(dynamodb, table):
         key = str(row.get("lease_key", ""))
         if "#" in key or ":" not in key:
             continue  # presence rows and anything that is not a shard's lease
@@ -81,7 +80,7 @@ def scan_kcl_rows(dynamodb: Any, table: str, stream: str | None = None) -> list[
     """
     rows: list[dict[str, Any]] = []
     for item in _scan_pages(dynamodb, table):
-        row = view_row(from_item(item), stream)
+        row = view_row(item, stream)
         if row is None or (stream is not None and row["stream"] != stream):
             continue
         rows.append(row)
@@ -90,20 +89,15 @@ def scan_kcl_rows(dynamodb: Any, table: str, stream: str | None = None) -> list[
 
 
 def _scan_pages(dynamodb: Any, table: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
-    kwargs: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
-    while True:
-        try:
-            page = dynamodb.scan(**kwargs)
-        except Exception as e:
-            err = translate_aws_error(e, operation="Scan", resource=table)
-            message = f"lease table {table!r} does not exist" if err.aws_code == "ResourceNotFoundException" \
-                else f"lease table {table!r}: {err}"
-            raise LeaseStoreError(message, aws_code=err.aws_code) from e
-        items.extend(page.get("Items", []))
-        if "LastEvaluatedKey" not in page:
-            return items
-        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    """Every item of ``table`` (a consistent ``Scan``, paged by botocore's paginator), as rows."""
+    try:
+        pages = dynamodb.get_paginator("scan").paginate(TableName=table, ConsistentRead=True)
+        return [from_item(item) for page in pages for item in page.get("Items", ())]
+    except Exception as e:
+        err = translate_aws_error(e, operation="Scan", resource=table)
+        message = f"lease table {table!r} does not exist" if err.aws_code == "ResourceNotFoundException" \
+            else f"lease table {table!r}: {err}"
+        raise LeaseStoreError(message, aws_code=err.aws_code) from e
 
 
 def add_lag(kinesis: Any, rows: Sequence[dict[str, Any]]) -> None:

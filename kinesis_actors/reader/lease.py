@@ -48,6 +48,8 @@ __all__ = ["LeaseKeeper", "CheckpointPacer", "CHECKPOINT_BACKOFF"]
 log = logging.getLogger("kinesis_actors.reader")
 
 CHECKPOINT_BACKOFF = Backoff(base_s=0.2, cap_s=5.0, floor_s=0.05)
+"""Waits between attempts of a lease write the store failed transiently (:meth:`LeaseKeeper.retried`),
+each capped at a third of the renew interval and at 1 s."""
 
 RENEW_SLOT_S = 0.25
 """Renewals fall due on a grid of this many seconds of the monotonic clock (at most a tenth of
@@ -60,7 +62,7 @@ def renewal_slot(due: float, renew_interval_s: float) -> float:
     tenth of ``renew_interval_s``): a renewal is late by less than one slot."""
     slot = min(RENEW_SLOT_S, renew_interval_s / 10)
     return math.ceil(due / slot) * slot
-"""Waits between attempts of a checkpoint or renewal the store failed transiently (capped by the renew interval)."""
+
 
 Write = Callable[..., "Lease | None"]
 """A store write: ``write(latest lease, *args)`` -> the new Lease (e.g. ``store.renew``)."""
@@ -280,10 +282,6 @@ class LeaseKeeper:
         await self.retried("checkpoint", functools.partial(self.write, "checkpoint", None, pacer=pacer),
                            sleep=sleep_alive)
 
-    async def release(self) -> Lease:
-        """Release the lease (a fenced write; see :meth:`write`)."""
-        return await self.write("release", self.store.release)
-
     # ------------------------------------------------------------------ liveness
     def alive(self) -> None:
         """The read loop is alive now."""
@@ -311,13 +309,14 @@ class LeaseKeeper:
         spec = self.spec
         first = True
         while self.lost is None:
-            due = self._last_write + spec.renew_interval_s
+            written = self._last_write
+            due = written + spec.renew_interval_s
             if first:
                 due -= self._rng() * spec.renew_interval_s / 2
                 first = False
             await self._sleep(max(0.0, renewal_slot(due, spec.renew_interval_s) - self._clock()))
             now = self._clock()
-            if renewal_slot(self._last_write + spec.renew_interval_s, spec.renew_interval_s) > now + 1e-9:
+            if self._last_write != written:
                 continue  # a checkpoint written meanwhile renewed the lease: the next renewal is due later
             silent = now - self.last_sign_of_life()
             if silent > spec.lease_duration_s:  # the loop is stuck (a hung call): let the lease lapse

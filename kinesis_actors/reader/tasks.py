@@ -55,8 +55,9 @@ async def initialize(spec: ReaderSpec, kinesis: Any, keeper: LeaseKeeper, readin
     """``INITIALIZING``: open the shard on the sink's ``hook`` (it may move the start past the
     lease's checkpoint, which then catches up through ``checkpoints``); record
     ``start_position`` on a first open (``LATEST`` resolved once: ``AT_TIMESTAMP`` of this
-    moment is recorded, the ``LATEST`` iterator itself is read), then fetch the first shard
-    iterator (throttling is retried while the lease is held).
+    moment is recorded, the ``LATEST`` iterator itself is read; a transient store error is
+    retried by :meth:`LeaseKeeper.retried`), then fetch the first shard iterator (throttling
+    is retried while the lease is held).
 
     Returns:
         ``Stop(SHARD_END)`` for a row already at ``SHARD_END`` (nothing to read); else None,
@@ -64,8 +65,9 @@ async def initialize(spec: ReaderSpec, kinesis: Any, keeper: LeaseKeeper, readin
 
     Raises:
         LeaseLostError: the lease was taken away meanwhile (or the hook knows of a newer
-            owner). StreamError/KinesisError: ``GetShardIterator`` failed and is not
-            transient; the hook's open failed.
+            owner), or recording ``start_position`` failed until the lease was in doubt.
+            StreamError/KinesisError: ``GetShardIterator`` failed and is not transient; the
+            hook's open failed.
     """
     if keeper.lease.checkpoint == SHARD_END:  # finished before: nothing to read, let the row go
         return Stop(StopReason.SHARD_END, why="the row is at SHARD_END")
@@ -82,7 +84,8 @@ async def initialize(spec: ReaderSpec, kinesis: Any, keeper: LeaseKeeper, readin
         if start.kind == "LATEST":
             recorded = StartAt("AT_TIMESTAMP", timestamp_ms=int(wall_clock() * 1000))
         at = recorded.to_str()
-        await keeper.write("set_start_position", lambda lease: keeper.store.set_start_position(lease, at))
+        await keeper.retried("set_start_position", lambda: keeper.write(
+            "set_start_position", keeper.store.set_start_position, at))
         position = recorded
     assert start is not None
     # Opens at `start` (LATEST itself on a first open); an iterator that expires before
@@ -135,7 +138,8 @@ async def shut_down(stop: Stop, spec: ReaderSpec, keeper: LeaseKeeper, checkpoin
     """``SHUTTING_DOWN``: let the lease go as ``stop`` says.
 
     * ``SHARD_END``: write the ``SHARD_END`` checkpoint (past every acknowledged record:
-      the read loop drained the shard first), then release.
+      the read loop drained the shard first; a transient store error is retried by
+      :meth:`LeaseKeeper.retried`), then release.
     * ``REQUESTED``/``HANDOFF``: checkpoint what was acknowledged, then hand the lease to
       the asker, or release it (unless asked to keep it). A store error other than a lost
       lease is logged: the lease then expires.
@@ -145,13 +149,15 @@ async def shut_down(stop: Stop, spec: ReaderSpec, keeper: LeaseKeeper, checkpoin
         release (the asker withdrew) or did not happen (a store error).
 
     Raises:
-        LeaseLostError: the lease was lost: nothing more is written.
+        LeaseLostError: the lease was lost, or ``SHARD_END`` failed until the lease was in
+            doubt: nothing more is written.
     """
     store = keeper.store
     if stop.reason is StopReason.SHARD_END:
         checkpoints.clear()  # SHARD_END is past every acknowledged record
         if keeper.lease.checkpoint != SHARD_END:
-            await keeper.write("checkpoint SHARD_END", lambda lease: store.checkpoint(lease, SHARD_END))
+            await keeper.retried("checkpoint SHARD_END", lambda: keeper.write(
+                "checkpoint SHARD_END", store.checkpoint, SHARD_END))
         stats["checkpoint"] = SHARD_END
         await keeper.write("release", lambda lease: store.release(lease))
         log.info("shard %s: read to its end; SHARD_END written, lease released", spec.shard_id)

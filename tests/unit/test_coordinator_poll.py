@@ -309,3 +309,46 @@ def test_no_handoff_is_asked_for_while_a_lease_already_ours_waits_for_room() -> 
         await core.close(timeout_s=1.0)
 
     asyncio.run(scenario())
+
+
+class FirstReadsThrottled(InProcessLeaseStore):
+    """The first ``times`` table reads raise a retriable error (a throttled ``Scan``)."""
+
+    def __init__(self, times: int, error: Exception | None = None) -> None:
+        super().__init__()
+        self.left, self.error = times, error
+
+    def snapshot(self, stream: str) -> Any:
+        if self.left:
+            self.left -= 1
+            raise self.error or LeaseStoreError("the lease table throttled this Scan", retriable=True)
+        return super().snapshot(stream)
+
+
+def test_the_first_pass_retries_a_throttled_table_read_until_its_deadline() -> None:
+    kinesis, opened = FakeKinesis(2), {}
+    store = FirstReadsThrottled(times=2)
+
+    async def scenario() -> CoordinatorCore:
+        core = core_over(store, kinesis, opened)
+        await core.start(timeout_s=10.0)
+        await core.close()
+        return core
+
+    core = asyncio.run(scenario())
+    assert core.error() is None and store.left == 0
+    assert sorted(opened) == sorted(kinesis.shards), "every shard opened once the read went through"
+
+
+def test_the_first_pass_does_not_retry_a_store_error_that_is_not_transient() -> None:
+    kinesis, opened = FakeKinesis(2), {}
+    store = FirstReadsThrottled(times=1, error=LeaseStoreError("lease table 't' does not exist"))
+
+    async def scenario() -> CoordinatorCore:
+        core = core_over(store, kinesis, opened)
+        await core.start(timeout_s=10.0)
+        await core.wait(10.0)
+        return core
+
+    core = asyncio.run(scenario())
+    assert isinstance(core.error(), LeaseStoreError) and opened == {}
