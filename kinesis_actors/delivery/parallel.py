@@ -145,7 +145,8 @@ class ShardPipeline:
     The consumer's loop calls :meth:`add` with each fetched response, :meth:`dispatch` to
     start the next round when the last one is acknowledged, :meth:`can_fetch` before its
     next fetch (False while a ready round waits for one in flight: that is the backpressure), :meth:`wait`
-    while it may not fetch, and :meth:`drain` at shard end.
+    while it may not fetch, and, at shard end, ``dispatch(force=True)`` and :meth:`wait` until
+    :attr:`idle`.
 
     Args:
         options: the :class:`DeliveryOptions` (``parallelization_factor``, batch limits, window).
@@ -168,7 +169,7 @@ class ShardPipeline:
             ``batches`` (batches done).
 
     Errors of a lane (``SinkError``, a refused checkpoint) are parked and raised by the next
-    :meth:`dispatch`, :meth:`wait` or :meth:`drain`; nothing is checkpointed past them.
+    :meth:`dispatch` or :meth:`wait`; nothing is checkpointed past them.
     """
 
     def __init__(self, options: DeliveryOptions, deliver: DeliverBatch, checkpoint: Callable[[Record], Awaitable[None]],
@@ -207,8 +208,8 @@ class ShardPipeline:
     @property
     def idle(self) -> bool:
         """True when nothing is gathered, nothing is in flight and every finished batch has
-        been collected by :meth:`dispatch`, :meth:`wait` or :meth:`drain` (which raise a
-        lane's parked error): a failed lane never looks idle, so shard end cannot be
+        been collected by :meth:`dispatch` or :meth:`wait` (which raise a lane's parked
+        error): a failed lane never looks idle, so shard end cannot be
         written past its records."""
         return not self.gathered and all(lane.task is None for lane in self._lanes)
 
@@ -316,37 +317,6 @@ class ShardPipeline:
         if tasks:
             await asyncio.wait(tasks, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_COMPLETED)
         self._raise_parked()
-
-    async def drain(self, *, wait_s: float = 0.5, between: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Deliver everything gathered (window or not) and wait until all of it is acknowledged.
-
-        Args:
-            wait_s: longest single wait, seconds; ``between`` (e.g. the consumer's heartbeat)
-                is awaited after each.
-
-        Raises:
-            The parked error of a lane that failed.
-        """
-        while True:
-            self.dispatch(force=True)
-            if self.idle:
-                break
-            await self.wait(wait_s)
-            if between is not None:
-                await between()
-        await self._write_checkpoint()
-
-    async def settle(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for the batches in flight (a stop); drop what is gathered.
-
-        Returns:
-            True if nothing is in flight any more.
-        """
-        self._gatherer.drop()
-        tasks = [lane.task for lane in self._lanes if lane.task is not None and not lane.task.done()]
-        if tasks:
-            await asyncio.wait(tasks, timeout=max(0.0, timeout_s))
-        return not self.in_flight
 
     async def cancel(self) -> None:
         """Cancel the batches in flight and forget everything gathered (a seek, a lost lease)."""
