@@ -74,10 +74,8 @@ def _view(records: Sequence[Record], indices: list[int]) -> Sequence[Record]:
 
 
 class _Batch:
-    """The per-record state of one batch: done flags, failed attempts, the acknowledged prefix.
-
-    A batch the sink takes whole at its first attempt (the common case) costs no Python loop
-    over its records: flags are set by slice and the prefix found by ``list.index``."""
+    """The per-record state of one batch: done flags, failed attempts, the acknowledged prefix
+    (a batch the sink takes whole costs no Python loop over its records)."""
 
     def __init__(self, records: Sequence[Record]) -> None:
         self.records = records
