@@ -167,6 +167,7 @@ class ShardPipeline:
             dead-lettered), in no particular order across lanes: the byte budget and counters.
         stats: figures to set: ``batches_in_flight``, ``max_batches_in_flight`` (gauges) and
             ``batches`` (batches done).
+        sleep: ``async sleep`` on ``clock`` (the timeout of :meth:`wait`), as :class:`~.engine.OneLane`'s.
 
     Errors of a lane (``SinkError``, a refused checkpoint) are parked and raised by the next
     :meth:`dispatch` or :meth:`wait`; nothing is checkpointed past them.
@@ -176,7 +177,8 @@ class ShardPipeline:
                  *, max_records: int, clock: Callable[[], float],
                  acked: Callable[[Sequence[Record]], object] | None = None,
                  wall_clock: Callable[[], float] | None = None,
-                 stats: MutableMapping[str, Any] | None = None) -> None:
+                 stats: MutableMapping[str, Any] | None = None,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
         n = options.parallelization_factor
         self._gatherer = BatchGatherer(max_records=options.batch_limit(max_records), max_bytes=options.max_batch_bytes,
                                        window_s=options.batch_window_s, clock=clock, lanes=n,
@@ -184,6 +186,7 @@ class ShardPipeline:
         self._lanes = [_Lane(i) for i in range(n)]
         self._refill_below = max_records
         self._deliver = deliver
+        self._sleep = sleep
         self._checkpoint = checkpoint
         self._acked = acked or (lambda records: None)
         self.stats = stats if stats is not None else {}
@@ -305,7 +308,7 @@ class ShardPipeline:
 
     async def wait(self, timeout_s: float, *, also: asyncio.Future[Any] | None = None) -> None:
         """Wait until a batch in flight is acknowledged, ``also`` (e.g. the shard's fetch) ends,
-        or ``timeout_s`` seconds; at once if none of them is pending.
+        or ``timeout_s`` seconds on the injected clock; at once if none of them is pending.
 
         Raises:
             The parked error of a lane that failed.
@@ -315,7 +318,11 @@ class ShardPipeline:
         if also is not None and not also.done():
             tasks.append(also)
         if tasks:
-            await asyncio.wait(tasks, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_COMPLETED)
+            timer = asyncio.ensure_future(self._sleep(max(0.0, timeout_s)))
+            try:
+                await asyncio.wait([*tasks, timer], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                timer.cancel()
         self._raise_parked()
 
     async def cancel(self) -> None:

@@ -115,7 +115,8 @@ class BatchDelivery:
         """
         if self.gathers:
             return ShardPipeline(self.controls, self.engine.deliver, checkpoint, max_records=self.spec.max_records,
-                                 clock=self._clock, acked=acked, stats=self.stats, wall_clock=self._wall_clock)
+                                 clock=self._clock, acked=acked, stats=self.stats, wall_clock=self._wall_clock,
+                                 sleep=sleep)
         return OneLane(self.engine.deliver, checkpoint, acked, size=self.controls.batch_limit(self.spec.max_records),
                        refill_below=self.spec.max_records, sleep=sleep, stats=self.stats)
 
