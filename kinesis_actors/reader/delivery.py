@@ -92,11 +92,6 @@ class BatchDelivery:
                                      sleep=self.sleep_alive, wall_clock=wall_clock, stats=self.stats, rng=rng)
 
     @property
-    def failures(self) -> int:
-        """Failed deliveries, all batches."""
-        return int(self.stats.get("sink_failures", 0))
-
-    @property
     def gathers(self) -> bool:
         """True when batches go through a :class:`ShardPipeline` (lanes, a window or a byte limit)."""
         c = self.controls
