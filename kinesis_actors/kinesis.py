@@ -8,7 +8,7 @@ go (the call spacing, the idle grid, the throttle backoff) is computed by
 :mod:`kinesis_actors.pacing` (re-exported here). The control plane
 (``DescribeStreamSummary``, ``CreateStream``, ``ListShards``, :class:`ShardInfo`,
 :func:`call_with_retry`) lives in :mod:`kinesis_actors.control_plane` and is re-exported
-here, so ``from kinesis_actors.kinesis import ShardInfo`` keeps working.
+here.
 """
 
 from __future__ import annotations

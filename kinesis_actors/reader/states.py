@@ -18,8 +18,8 @@ __all__ = ["ConsumerState", "TRANSITIONS", "TERMINAL", "BEHAVIOURS", "Behaviour"
 class ConsumerState(str, enum.Enum):
     """The life of one shard lease in a reader (compare KCL's ``ConsumerStates``).
 
-    A ``str`` enum: a member equals its value (``ConsumerState.LOST == "lost"``), so
-    callers that compare with the values keep working.
+    A ``str`` enum: a member equals its value (``ConsumerState.LOST == "lost"``), the
+    string the shard's ``stats()["state"]`` carries.
 
     Transitions (:data:`BEHAVIOURS` lists them by stop reason)::
 
