@@ -28,7 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any, Protocol
 
-from ..records import Record, seq_key
+from ..records import Record
 from .gather import BatchGatherer
 from .options import DeliveryOptions
 
@@ -40,58 +40,50 @@ OnAck = Callable[[int], Awaitable[None]]
 DeliverBatch = Callable[[Sequence[Record], OnAck], Awaitable[Any]]
 
 
-def _ack_key(record: Record) -> int:
-    """A record's position as one int (sequence number, then sub-sequence + 1, 0 without one):
-    unique within a shard and not tracked by the garbage collector, as a tuple would be."""
-    sub = record.sub_sequence_number
-    return seq_key(record.sequence_number) << 64 | (0 if sub is None else sub + 1)
-
-
 class AckTracker:
-    """Positions of one shard's records, in shard order, and which are acknowledged.
+    """One shard's records, in shard order, and which are acknowledged.
 
     ``add`` registers records as they are fetched; ``ack`` marks records done (in any
     order); ``advance`` returns the last record of the acknowledged prefix when it moved:
     the highest position below which everything is acknowledged, the only safe checkpoint.
 
-    Positions are held as ints in parallel deques: a reader may hold tens of thousands of
-    records per shard here, and one tuple per record would make each of Python's full
-    garbage collections (which stop the whole process) scan that many more objects.
+    Records are known by identity (``id``): ``ack`` takes the very objects ``add``
+    registered, as :class:`ShardPipeline` hands its lanes the objects it registered, so no
+    sequence number is parsed per record (a record not registered is never acknowledged:
+    the checkpoint then stays behind it). The tracker holds every registered record until
+    it is behind the checkpoint, so an id is never reused meanwhile; and the acknowledged
+    set holds ints, which Python's full garbage collections (they stop the whole process)
+    do not scan, however many records a shard holds here.
     """
 
     def __init__(self) -> None:
-        self._keys: collections.deque[int] = collections.deque()
         self._records: collections.deque[Record] = collections.deque()
         self._acked: set[int] = set()
 
     @property
     def pending(self) -> int:
         """Records registered and not yet behind the checkpoint."""
-        return len(self._keys)
+        return len(self._records)
 
     def add(self, records: Iterable[Record]) -> None:
         """Register records in shard order (after those registered before)."""
-        records = list(records)
-        keys = list(map(_ack_key, records))  # all of them first: the two deques stay in step
-        self._keys.extend(keys)
         self._records.extend(records)
 
     def ack(self, records: Iterable[Record]) -> None:
-        """Mark records acknowledged (delivered, filtered or dead-lettered)."""
-        self._acked.update(map(_ack_key, records))
+        """Mark records acknowledged (delivered, filtered or dead-lettered): objects :meth:`add` registered."""
+        self._acked.update(map(id, records))
 
     def advance(self) -> Record | None:
         """Drop the acknowledged prefix; its last record (the new checkpoint), or None if it did not move."""
         last = None
-        keys, records, acked = self._keys, self._records, self._acked
-        while keys and keys[0] in acked:
-            acked.discard(keys.popleft())
+        records, acked = self._records, self._acked
+        while records and id(records[0]) in acked:
             last = records.popleft()
+            acked.discard(id(last))
         return last
 
     def clear(self) -> None:
         """Forget everything (a seek: the records are fetched again)."""
-        self._keys.clear()
         self._records.clear()
         self._acked.clear()
 
@@ -255,6 +247,7 @@ class ShardPipeline:
         """Register fetched records (in shard order) and gather them (each into its key's lane)."""
         if not records:
             return
+        records = list(records)  # the same objects in the tracker and the lanes (it knows them by identity)
         self.tracker.add(records)
         self._gatherer.add(records)
 

@@ -41,6 +41,16 @@ def test_the_tracker_orders_kpl_user_records_by_sub_sequence() -> None:
     assert t.advance() is users[2]
 
 
+def test_the_tracker_knows_records_by_identity_so_an_unregistered_copy_moves_nothing() -> None:
+    t = AckTracker()
+    records = [rec(i) for i in range(3)]
+    t.add(records)
+    t.ack([rec(0)])  # equal position, not the registered object: the checkpoint stays behind record 0
+    assert t.advance() is None and t.pending == 3
+    t.ack(records[:1])
+    assert t.advance() is records[0] and t.pending == 2
+
+
 class SlowSink:
     """Each batch waits until released; records every batch and the most in flight."""
 
