@@ -8,7 +8,7 @@ go (the call spacing, the idle grid, the throttle backoff) is computed by
 :mod:`kinesis_actors.pacing` (re-exported here). The control plane
 (``DescribeStreamSummary``, ``CreateStream``, ``ListShards``, :class:`ShardInfo`,
 :func:`call_with_retry`) lives in :mod:`kinesis_actors.control_plane` and is re-exported
-here, so ``from kinesis_actors.kinesis import ShardInfo`` keeps working.
+here.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from .records import Record, StartAt, records_from_response, seq_key
 from .wire import wire_get_records
 
 __all__ = ["ShardInfo", "describe_stream", "ensure_stream", "list_shards", "call_with_retry", "ShardFetcher",
-           "Fetched", "MIN_CALL_SPACING_S", "idle_due", "IDLE_GRID_S", "GET_RECORDS_MAX_BYTES", "record_bytes",
+           "Fetched", "MIN_CALL_SPACING_S", "idle_due", "IDLE_GRID_S", "GET_RECORDS_MAX_BYTES",
            "backoff_s", "CONTROL_PLANE_BACKOFF"]
 
 log = logging.getLogger(__name__)
@@ -43,15 +43,6 @@ log = logging.getLogger(__name__)
 # ---------------------------------------------------------------------- the read path of one shard
 GET_RECORDS_MAX_BYTES = 10 * 2**20
 """Most data one ``GetRecords`` response carries (AWS: 10 MiB per call), bytes."""
-
-
-def record_bytes(record: Record) -> int:
-    """Bytes a delivered record counts for in a byte budget: payload plus partition key.
-
-    Python object overhead is not counted, as KCL's ``maxByteSize`` counts record data
-    only; ``bench`` (section ``scale``) reports the readers' USS beside the budget.
-    """
-    return len(record.data) + len(record.partition_key)
 
 
 def _is_expired_iterator(exc: BaseException) -> bool:

@@ -40,6 +40,7 @@ What a batch came to (:class:`~.outcome.DeliveryResult`) and what a sink's error
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
@@ -73,19 +74,30 @@ def _view(records: Sequence[Record], indices: list[int]) -> Sequence[Record]:
 
 
 class _Batch:
-    """The per-record state of one batch: done flags, attempts, the acknowledged prefix."""
+    """The per-record state of one batch: done flags, failed attempts, the acknowledged prefix
+    (a batch the sink takes whole costs no Python loop over its records)."""
 
     def __init__(self, records: Sequence[Record]) -> None:
         self.records = records
         self.done = [False] * len(records)
-        self.attempts = [0] * len(records)
+        self.attempts: collections.Counter[int] = collections.Counter()  # failed attempts of records still failing
         self.prefix = 0
+
+    def mark_done(self, indices: list[int]) -> None:
+        """Flag ``indices`` (ascending) done; a contiguous run is one slice assignment."""
+        if indices and indices[-1] - indices[0] + 1 == len(indices):
+            self.done[indices[0]:indices[-1] + 1] = [True] * len(indices)
+        else:
+            for i in indices:
+                self.done[i] = True
 
     def advance(self) -> bool:
         """Move the prefix over done records; True if it moved."""
-        start, n = self.prefix, len(self.records)
-        while self.prefix < n and self.done[self.prefix]:
-            self.prefix += 1
+        start = self.prefix
+        try:
+            self.prefix = self.done.index(False, start)
+        except ValueError:  # every record from the prefix on is done
+            self.prefix = len(self.records)
         return self.prefix > start
 
 
@@ -146,7 +158,7 @@ class DeliveryEngine:
         batch, result = _Batch(records), DeliveryResult()
         self._filter(batch, result)
         await self._advance(batch, on_ack)
-        pending = [i for i in range(len(records)) if not batch.done[i]]
+        pending = [i for i, done in enumerate(batch.done) if not done] if result.filtered else list(range(len(records)))
         if pending:
             await self._settle(batch, pending, self.options.max_sink_retries, result, on_ack)
         result.acknowledged = batch.prefix
@@ -199,8 +211,6 @@ class DeliveryEngine:
                 return [], None
             attempt += 1
             result.attempts += 1
-            for i in remaining:
-                batch.attempts[i] += 1
             try:
                 await self._deliver(_view(batch.records, remaining))
                 done, error = len(remaining), None
@@ -215,13 +225,14 @@ class DeliveryEngine:
                                 "counts as failed", self._shard_id, k, len(remaining))
                 elif k:
                     self._bump("partial_acks")
-            for i in remaining[:done]:
-                batch.done[i] = True
+            batch.mark_done(remaining[:done])
             result.delivered += done
             remaining = remaining[done:]
             await self._advance(batch, on_ack)
             if not remaining:
                 return [], None
+            for i in remaining:  # only a record still failing is ever given up: only its attempts are read
+                batch.attempts[i] += 1
             self._bump("sink_failures")
             retry = Retry(self._backoff, max_attempts=retries + 1, rng=self._rng or random.random)  # on failure only
             pause = retry.pause_s(attempt, started=0.0)
@@ -244,8 +255,7 @@ class DeliveryEngine:
             return indices
         assert self._dead_letters is not None
         await self._dead_letters.write([(batch.records[i], "max_record_age", None, 0) for i in old])
-        for i in old:
-            batch.done[i] = True
+        batch.mark_done(old)
         result.dead_lettered += len(old)
         await self._advance(batch, on_ack)
         gone = set(old)
@@ -257,8 +267,7 @@ class DeliveryEngine:
             raise given_up(batch.records[failing[0]], batch.attempts[failing[0]], error) from error
         letters: list[DeadLetter] = [(batch.records[i], "sink", error, batch.attempts[i]) for i in failing]
         await self._dead_letters.write(letters)
-        for i in failing:
-            batch.done[i] = True
+        batch.mark_done(failing)
         result.dead_lettered += len(failing)
         await self._advance(batch, on_ack)
 

@@ -206,13 +206,6 @@ class BatchGatherer:
         self._key_lane = {}
         self._extend_round()
 
-    def take_all(self) -> list[list[Record]]:
-        """Every held record as batches within the limits (a drain: shard end), in order (one lane only)."""
-        batches = []
-        while (batch := self.take(force=True)) is not None:
-            batches.append(batch)
-        return batches
-
     def drop(self) -> Sequence[Record]:
         """Forget every held record (a seek or a stop: they were never acknowledged); return them."""
         records = list(self._held)

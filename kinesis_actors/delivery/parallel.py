@@ -28,7 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any, Protocol
 
-from ..records import Record, seq_key
+from ..records import Record
 from .gather import BatchGatherer
 from .options import DeliveryOptions
 
@@ -40,58 +40,50 @@ OnAck = Callable[[int], Awaitable[None]]
 DeliverBatch = Callable[[Sequence[Record], OnAck], Awaitable[Any]]
 
 
-def _ack_key(record: Record) -> int:
-    """A record's position as one int (sequence number, then sub-sequence + 1, 0 without one):
-    unique within a shard and not tracked by the garbage collector, as a tuple would be."""
-    sub = record.sub_sequence_number
-    return seq_key(record.sequence_number) << 64 | (0 if sub is None else sub + 1)
-
-
 class AckTracker:
-    """Positions of one shard's records, in shard order, and which are acknowledged.
+    """One shard's records, in shard order, and which are acknowledged.
 
     ``add`` registers records as they are fetched; ``ack`` marks records done (in any
     order); ``advance`` returns the last record of the acknowledged prefix when it moved:
     the highest position below which everything is acknowledged, the only safe checkpoint.
 
-    Positions are held as ints in parallel deques: a reader may hold tens of thousands of
-    records per shard here, and one tuple per record would make each of Python's full
-    garbage collections (which stop the whole process) scan that many more objects.
+    Records are known by identity (``id``): ``ack`` takes the very objects ``add``
+    registered, as :class:`ShardPipeline` hands its lanes the objects it registered, so no
+    sequence number is parsed per record (a record not registered is never acknowledged:
+    the checkpoint then stays behind it). The tracker holds every registered record until
+    it is behind the checkpoint, so an id is never reused meanwhile; and the acknowledged
+    set holds ints, which Python's full garbage collections (they stop the whole process)
+    do not scan, however many records a shard holds here.
     """
 
     def __init__(self) -> None:
-        self._keys: collections.deque[int] = collections.deque()
         self._records: collections.deque[Record] = collections.deque()
         self._acked: set[int] = set()
 
     @property
     def pending(self) -> int:
         """Records registered and not yet behind the checkpoint."""
-        return len(self._keys)
+        return len(self._records)
 
     def add(self, records: Iterable[Record]) -> None:
         """Register records in shard order (after those registered before)."""
-        records = list(records)
-        keys = list(map(_ack_key, records))  # all of them first: the two deques stay in step
-        self._keys.extend(keys)
         self._records.extend(records)
 
     def ack(self, records: Iterable[Record]) -> None:
-        """Mark records acknowledged (delivered, filtered or dead-lettered)."""
-        self._acked.update(map(_ack_key, records))
+        """Mark records acknowledged (delivered, filtered or dead-lettered): objects :meth:`add` registered."""
+        self._acked.update(map(id, records))
 
     def advance(self) -> Record | None:
         """Drop the acknowledged prefix; its last record (the new checkpoint), or None if it did not move."""
         last = None
-        keys, records, acked = self._keys, self._records, self._acked
-        while keys and keys[0] in acked:
-            acked.discard(keys.popleft())
+        records, acked = self._records, self._acked
+        while records and id(records[0]) in acked:
             last = records.popleft()
+            acked.discard(id(last))
         return last
 
     def clear(self) -> None:
         """Forget everything (a seek: the records are fetched again)."""
-        self._keys.clear()
         self._records.clear()
         self._acked.clear()
 
@@ -145,7 +137,8 @@ class ShardPipeline:
     The consumer's loop calls :meth:`add` with each fetched response, :meth:`dispatch` to
     start the next round when the last one is acknowledged, :meth:`can_fetch` before its
     next fetch (False while a ready round waits for one in flight: that is the backpressure), :meth:`wait`
-    while it may not fetch, and :meth:`drain` at shard end.
+    while it may not fetch, and, at shard end, ``dispatch(force=True)`` and :meth:`wait` until
+    :attr:`idle`.
 
     Args:
         options: the :class:`DeliveryOptions` (``parallelization_factor``, batch limits, window).
@@ -166,16 +159,18 @@ class ShardPipeline:
             dead-lettered), in no particular order across lanes: the byte budget and counters.
         stats: figures to set: ``batches_in_flight``, ``max_batches_in_flight`` (gauges) and
             ``batches`` (batches done).
+        sleep: ``async sleep`` on ``clock`` (the timeout of :meth:`wait`), as :class:`~.engine.OneLane`'s.
 
     Errors of a lane (``SinkError``, a refused checkpoint) are parked and raised by the next
-    :meth:`dispatch`, :meth:`wait` or :meth:`drain`; nothing is checkpointed past them.
+    :meth:`dispatch` or :meth:`wait`; nothing is checkpointed past them.
     """
 
     def __init__(self, options: DeliveryOptions, deliver: DeliverBatch, checkpoint: Callable[[Record], Awaitable[None]],
                  *, max_records: int, clock: Callable[[], float],
                  acked: Callable[[Sequence[Record]], object] | None = None,
                  wall_clock: Callable[[], float] | None = None,
-                 stats: MutableMapping[str, Any] | None = None) -> None:
+                 stats: MutableMapping[str, Any] | None = None,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
         n = options.parallelization_factor
         self._gatherer = BatchGatherer(max_records=options.batch_limit(max_records), max_bytes=options.max_batch_bytes,
                                        window_s=options.batch_window_s, clock=clock, lanes=n,
@@ -183,6 +178,7 @@ class ShardPipeline:
         self._lanes = [_Lane(i) for i in range(n)]
         self._refill_below = max_records
         self._deliver = deliver
+        self._sleep = sleep
         self._checkpoint = checkpoint
         self._acked = acked or (lambda records: None)
         self.stats = stats if stats is not None else {}
@@ -207,8 +203,8 @@ class ShardPipeline:
     @property
     def idle(self) -> bool:
         """True when nothing is gathered, nothing is in flight and every finished batch has
-        been collected by :meth:`dispatch`, :meth:`wait` or :meth:`drain` (which raise a
-        lane's parked error): a failed lane never looks idle, so shard end cannot be
+        been collected by :meth:`dispatch` or :meth:`wait` (which raise a lane's parked
+        error): a failed lane never looks idle, so shard end cannot be
         written past its records."""
         return not self.gathered and all(lane.task is None for lane in self._lanes)
 
@@ -251,6 +247,7 @@ class ShardPipeline:
         """Register fetched records (in shard order) and gather them (each into its key's lane)."""
         if not records:
             return
+        records = list(records)  # the same objects in the tracker and the lanes (it knows them by identity)
         self.tracker.add(records)
         self._gatherer.add(records)
 
@@ -304,7 +301,7 @@ class ShardPipeline:
 
     async def wait(self, timeout_s: float, *, also: asyncio.Future[Any] | None = None) -> None:
         """Wait until a batch in flight is acknowledged, ``also`` (e.g. the shard's fetch) ends,
-        or ``timeout_s`` seconds; at once if none of them is pending.
+        or ``timeout_s`` seconds on the injected clock; at once if none of them is pending.
 
         Raises:
             The parked error of a lane that failed.
@@ -314,39 +311,12 @@ class ShardPipeline:
         if also is not None and not also.done():
             tasks.append(also)
         if tasks:
-            await asyncio.wait(tasks, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_COMPLETED)
+            timer = asyncio.ensure_future(self._sleep(max(0.0, timeout_s)))
+            try:
+                await asyncio.wait([*tasks, timer], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                timer.cancel()
         self._raise_parked()
-
-    async def drain(self, *, wait_s: float = 0.5, between: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Deliver everything gathered (window or not) and wait until all of it is acknowledged.
-
-        Args:
-            wait_s: longest single wait, seconds; ``between`` (e.g. the consumer's heartbeat)
-                is awaited after each.
-
-        Raises:
-            The parked error of a lane that failed.
-        """
-        while True:
-            self.dispatch(force=True)
-            if self.idle:
-                break
-            await self.wait(wait_s)
-            if between is not None:
-                await between()
-        await self._write_checkpoint()
-
-    async def settle(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for the batches in flight (a stop); drop what is gathered.
-
-        Returns:
-            True if nothing is in flight any more.
-        """
-        self._gatherer.drop()
-        tasks = [lane.task for lane in self._lanes if lane.task is not None and not lane.task.done()]
-        if tasks:
-            await asyncio.wait(tasks, timeout=max(0.0, timeout_s))
-        return not self.in_flight
 
     async def cancel(self) -> None:
         """Cancel the batches in flight and forget everything gathered (a seek, a lost lease)."""

@@ -93,8 +93,9 @@ class ShardConsumer:
         lease_age_s: a lower bound on the lease's age, seconds (since the write that produced
             it was sent); None: at most one renew interval, assumed.
         hook: the sink's :class:`~kinesis_actors.sinks.hooks.ShardHook` for this lease (its
-            ``deliver``, when set, replaces ``deliver``); None: no part (each acknowledged
-            batch may be checkpointed).
+            ``deliver``, when set, replaces ``deliver``); None: an ordinary sink, which
+            has no part and pays nothing for the seam (no hook call at any transition nor
+            per batch; each acknowledged batch may be checkpointed).
     """
 
     def __init__(self, spec: ReaderSpec, lease: Lease, store: LeaseStore, deliver: Deliver, kinesis: Any, *,
@@ -103,8 +104,9 @@ class ShardConsumer:
                  sleep: Sleep = asyncio.sleep, on_open: Callable[[], None] | None = None,
                  lease_age_s: float | None = None, hook: ShardHook | None = None) -> None:
         self.spec = spec
-        self.hook = hook if hook is not None else ShardHook()
-        self._kinesis, self._deliver = kinesis, self.hook.deliver or deliver
+        self.hook = hook
+        self._kinesis = kinesis
+        self._deliver = hook.deliver if hook is not None and hook.deliver is not None else deliver
         self._io = io if io is not None else ToThreadIo()
         self._clock, self._wall_clock, self._sleep = clock, wall_clock, sleep
         self._on_open = on_open
@@ -294,7 +296,8 @@ class ShardConsumer:
         """``SHUTTING_DOWN``'s task (:func:`.tasks.shut_down`): let the lease go as the stop says."""
         stop = self._stop
         assert stop is not None
-        await tasks.finish_sink(stop, self.spec, self.hook, self.checkpoints, self.delivery.await_alive)
+        if self.hook is not None:
+            await tasks.finish_sink(stop, self.spec, self.hook, self.checkpoints, self.delivery.await_alive)
         ended = await tasks.shut_down(stop, self.spec, self.keeper, self.checkpoints, self._io, self.stats)
         if self._stop is stop:
             self._stop = ended
@@ -315,7 +318,8 @@ class ShardConsumer:
             if self._seek is not None and not self._seek[1].done():
                 self._seek[1].set_result(None)
         finally:
-            await self.hook.release()
+            if self.hook is not None:
+                await self.hook.release()
 
     # ---------------------------------------------------------------- PROCESSING
     async def process(self) -> None:
@@ -419,7 +423,8 @@ class ShardConsumer:
         """Every record up to ``last`` is acknowledged: give back the bytes of the responses it
         completes, and checkpoint what the sink's hook allows (when due; at once after a
         ``partial`` acknowledgement of a batch, whose rest is retried)."""
-        point = self.hook.checkpointable(last)
+        hook = self.hook
+        point = (last.sequence_number, last.sub_sequence_number) if hook is None else hook.checkpointable(last)
         if point is not None:
             self.checkpoints.acknowledged(*point, partial=partial)
         responses = self._responses

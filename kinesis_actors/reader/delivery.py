@@ -92,11 +92,6 @@ class BatchDelivery:
                                      sleep=self.sleep_alive, wall_clock=wall_clock, stats=self.stats, rng=rng)
 
     @property
-    def failures(self) -> int:
-        """Failed deliveries, all batches."""
-        return int(self.stats.get("sink_failures", 0))
-
-    @property
     def gathers(self) -> bool:
         """True when batches go through a :class:`ShardPipeline` (lanes, a window or a byte limit)."""
         c = self.controls
@@ -115,7 +110,8 @@ class BatchDelivery:
         """
         if self.gathers:
             return ShardPipeline(self.controls, self.engine.deliver, checkpoint, max_records=self.spec.max_records,
-                                 clock=self._clock, acked=acked, stats=self.stats, wall_clock=self._wall_clock)
+                                 clock=self._clock, acked=acked, stats=self.stats, wall_clock=self._wall_clock,
+                                 sleep=sleep)
         return OneLane(self.engine.deliver, checkpoint, acked, size=self.controls.batch_limit(self.spec.max_records),
                        refill_below=self.spec.max_records, sleep=sleep, stats=self.stats)
 

@@ -259,8 +259,9 @@ class ByteBudget:
     shards poll at the tip (with a waiter that re-queued at each heartbeat, shards that
     had not fetched yet could starve behind those cycling at the tip).
 
-    Bytes are counted as :func:`~kinesis_actors.kinesis.record_bytes` (payload and
-    partition key), not Python object overhead.
+    Bytes are counted as :attr:`RecordBatch.nbytes <kinesis_actors.batch.RecordBatch.nbytes>`
+    (the response's buffers: payloads, partition keys, sequence numbers, offsets, arrival
+    times), not Python object overhead (``bench`` section ``scale`` reports the readers' USS).
 
     Args:
         limit: the budget, bytes (> 0).

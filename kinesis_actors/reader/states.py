@@ -18,8 +18,8 @@ __all__ = ["ConsumerState", "TRANSITIONS", "TERMINAL", "BEHAVIOURS", "Behaviour"
 class ConsumerState(str, enum.Enum):
     """The life of one shard lease in a reader (compare KCL's ``ConsumerStates``).
 
-    A ``str`` enum: a member equals its value (``ConsumerState.LOST == "lost"``), so
-    callers that compare with the values keep working.
+    A ``str`` enum: a member equals its value (``ConsumerState.LOST == "lost"``), the
+    string the shard's ``stats()["state"]`` carries.
 
     Transitions (:data:`BEHAVIOURS` lists them by stop reason)::
 
@@ -109,13 +109,8 @@ class Stop:
             return new
         return self
 
-    @property
-    def terminal(self) -> ConsumerState:
-        """The state a consumer that stopped for this reason ends in (when nothing fails on the way)."""
-        return _TERMINAL[self.reason]
 
-
-_TERMINAL: dict[StopReason | None, ConsumerState] = {
+_TERMINAL: dict[StopReason | None, ConsumerState] = {  # the state each stop reason ends in
     StopReason.REQUESTED: ConsumerState.CLOSED, StopReason.HANDOFF: ConsumerState.HANDED_OVER,
     StopReason.SHARD_END: ConsumerState.SHARD_ENDED, StopReason.FAILED: ConsumerState.FAILED,
     StopReason.LEASE_LOST: ConsumerState.LOST}
@@ -155,8 +150,8 @@ BEHAVIOURS: Mapping[ConsumerState, Behaviour] = {
 * ``PROCESSING`` runs ``process``, the read loop, until a stop; ``REQUESTED``, ``HANDOFF``
   and ``SHARD_END`` lead to ``SHUTTING_DOWN``.
 * ``SHUTTING_DOWN`` runs ``shut_down``, which lets the lease go as its stop says, then
-  enters the stop's terminal state (:attr:`Stop.terminal`; a hand-over whose asker
-  withdrew becomes a release, ``CLOSED``).
+  enters the terminal state of the stop's reason (a hand-over whose asker withdrew
+  becomes a release, ``CLOSED``).
 * ``FAILED`` runs ``leave_after_failure`` (checkpoint and release, best effort).
 * ``LEASE_LOST`` leads to ``LOST`` from every live state: nothing more is written.
 """

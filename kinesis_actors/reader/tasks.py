@@ -49,11 +49,11 @@ def resume_position(lease: Lease) -> StartAt | None:
 
 async def initialize(spec: ReaderSpec, kinesis: Any, keeper: LeaseKeeper, reading: Reading, *,
                      clock: Callable[[], float], wall_clock: Callable[[], float],
-                     stopping: Callable[[], bool], alive: Callable[[], None], hook: ShardHook | None = None,
-                     checkpoints: CheckpointPacer | None = None,
-                     await_alive: AwaitAlive[Any] | None = None) -> Stop | None:
-    """``INITIALIZING``: open the shard on the sink's ``hook`` (it may move the start past the
-    lease's checkpoint, which then catches up through ``checkpoints``); record
+                     stopping: Callable[[], bool], alive: Callable[[], None], hook: ShardHook | None,
+                     checkpoints: CheckpointPacer, await_alive: AwaitAlive[Any]) -> Stop | None:
+    """``INITIALIZING``: open the shard on the sink's ``hook`` when it has one (it may move the
+    start past the lease's checkpoint, which then catches up through ``checkpoints``; the
+    hook's open is awaited through ``await_alive``, so the lease is renewed meanwhile); record
     ``start_position`` on a first open (``LATEST`` resolved once: ``AT_TIMESTAMP`` of this
     moment is recorded, the ``LATEST`` iterator itself is read; a transient store error is
     retried by :meth:`LeaseKeeper.retried`), then fetch the first shard iterator (throttling
@@ -72,12 +72,11 @@ async def initialize(spec: ReaderSpec, kinesis: Any, keeper: LeaseKeeper, readin
     if keeper.lease.checkpoint == SHARD_END:  # finished before: nothing to read, let the row go
         return Stop(StopReason.SHARD_END, why="the row is at SHARD_END")
     position = resume_position(keeper.lease)
-    if hook is not None and await_alive is not None:
+    if hook is not None:
         after = await await_alive(hook.open(keeper.lease))
         if after is not None and after.sequence_number is not None:
-            position = after
-            if checkpoints is not None:  # the lease's checkpoint catches up with what the sink holds
-                checkpoints.acknowledged(after.sequence_number, after.sub_sequence_number)
+            position = after  # the lease's checkpoint catches up with what the sink holds
+            checkpoints.acknowledged(after.sequence_number, after.sub_sequence_number)
     start = position
     if position is None:  # a first open: record where, resolved once
         start = recorded = spec.start_at

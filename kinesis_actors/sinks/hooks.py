@@ -1,9 +1,11 @@
 """ShardHook: a sink's part in the life of each shard lease, called by the read loop.
 
 An ordinary sink has no part: each batch its ``deliver`` acknowledges may be checkpointed,
-and :class:`ShardHook`'s no-op methods say so. A sink that keeps its own positions (a table
-sink keeps them in the table's commits) implements :class:`LeaseHookSink`: the reader then
-asks it for one hook per lease and the lease's consumer
+and the read loop calls no hook at all for it (:func:`shard_hooks` is None: nothing per
+lease, nothing per batch). :class:`ShardHook`'s methods are the defaults a hook overrides.
+A sink that keeps its own positions (a table sink keeps them in the table's commits)
+implements :class:`LeaseHookSink`: the reader then asks it for one hook per lease and the
+lease's consumer
 (:class:`~kinesis_actors.reader.ShardConsumer`) calls it at its state transitions:
 
 1. :meth:`ShardHook.open` in ``INITIALIZING``, before the first shard iterator (not for a
@@ -41,7 +43,8 @@ Point = tuple[str, "int | None"]
 
 class ShardHook:
     """What a sink does at one shard lease's state transitions (see the module docstring);
-    this base class does nothing, which is what every ordinary sink needs.
+    this base class does nothing (the behaviour of a sink without hooks), and a hook
+    overrides what it needs.
 
     Attributes:
         deliver: the lease's sink call (``async deliver(records)``) in place of the sink's

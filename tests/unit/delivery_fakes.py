@@ -1,4 +1,5 @@
-"""Fakes for the delivery-control unit tests: records, a scriptable sink, a publisher, a sleep."""
+"""Fakes for the delivery-control unit tests: records, a scriptable sink, a publisher, a sleep,
+and :func:`drain` (the read loop's shard-end wait on a pipeline)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kinesis_actors import PartialBatchError
+from kinesis_actors.delivery import Lanes
 from kinesis_actors.records import Record
 
 SHARD = "shardId-000000000007"
@@ -18,6 +20,17 @@ def rec(i: int, *, key: str | None = None, data: bytes | None = None, sub: int |
     """Record number ``i`` (sequence number ``1000 + i``)."""
     when = None if arrival is None else dt.datetime.fromtimestamp(arrival, dt.timezone.utc)
     return Record(data if data is not None else b"r%d" % i, key or f"k{i}", str(1000 + i), sub, when, SHARD, "s")
+
+
+async def drain(lanes: Lanes, *, wait_s: float = 0.01) -> None:
+    """What the consumer's read loop does at shard end (``ShardConsumer._drained``): deliver
+    everything held, windows aside, and wait until every batch is acknowledged; a lane's
+    parked error is raised."""
+    while True:
+        lanes.dispatch(force=True)
+        if lanes.idle:
+            return
+        await lanes.wait(wait_s)
 
 
 def recs(n: int, **kw: Any) -> list[Record]:

@@ -10,7 +10,7 @@ from kinesis_actors import metrics
 from kinesis_actors.delivery import DeadLetterWriter, DeliveryEngine, DeliveryOptions, ShardPipeline
 from kinesis_actors.testing import FakeClock
 
-from .delivery_fakes import SHARD, T0, Publisher, Sink, Sleeps, rec, recs
+from .delivery_fakes import SHARD, T0, Publisher, Sink, Sleeps, drain, rec, recs
 from .metrics_recorder import RecordingSink
 
 
@@ -32,7 +32,7 @@ def test_dead_lettered_filtered_bisected_partial_acks_and_batches_in_flight_are_
             pipeline.add([*recs(8), rec(8, key="drop"), rec(9, arrival=T0 - 120)])
             pipeline.dispatch()
             assert stats["batches_in_flight"] == 1
-            await pipeline.drain(wait_s=0.01)
+            await drain(pipeline)
 
         async def checkpoint(r: Any) -> None:
             pass

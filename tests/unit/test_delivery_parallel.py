@@ -14,7 +14,7 @@ from kinesis_actors.delivery import AckTracker, DeliveryOptions, OneLane, ShardP
 from kinesis_actors.records import Record
 from kinesis_actors.testing import FakeClock
 
-from .delivery_fakes import rec
+from .delivery_fakes import drain, rec
 
 
 def test_the_tracker_checkpoints_only_below_the_first_unacknowledged_record() -> None:
@@ -39,6 +39,16 @@ def test_the_tracker_orders_kpl_user_records_by_sub_sequence() -> None:
     assert last is users[0] and last.sub_sequence_number == 0  # the checkpoint falls inside the aggregate
     t.ack([users[1]])
     assert t.advance() is users[2]
+
+
+def test_the_tracker_knows_records_by_identity_so_an_unregistered_copy_moves_nothing() -> None:
+    t = AckTracker()
+    records = [rec(i) for i in range(3)]
+    t.add(records)
+    t.ack([rec(0)])  # equal position, not the registered object: the checkpoint stays behind record 0
+    assert t.advance() is None and t.pending == 3
+    t.ack(records[:1])
+    assert t.advance() is records[0] and t.pending == 2
 
 
 class SlowSink:
@@ -76,7 +86,7 @@ async def pump(pipeline: ShardPipeline, records: list[Record], chunk: int) -> No
             pos += chunk
         pipeline.dispatch()
         await pipeline.wait(0.01)
-    await pipeline.drain(wait_s=0.01)
+    await drain(pipeline)
 
 
 def test_n_lanes_deliver_in_parallel_keep_key_order_and_checkpoint_the_safe_prefix() -> None:
@@ -127,7 +137,7 @@ def test_a_busy_lane_fetches_ahead_until_one_response_is_gathered() -> None:
         p.add(keyed(5, 1))
         assert p.can_fetch() is False  # 8 gathered, one response's worth, and the lane is busy
         sink.gate.set()
-        await p.drain(wait_s=0.01)
+        await drain(p)
 
     asyncio.run(main())
 
@@ -143,7 +153,7 @@ def test_shard_end_drain_waits_for_every_lane_and_delivers_the_window_early() ->
                           max_records=1000, clock=FakeClock())
         p.add(keyed(30, 9))
         assert p.dispatch() == 0 and p.due_in() == pytest.approx(60.0)  # the window holds them
-        drained = asyncio.create_task(p.drain(wait_s=0.01))
+        drained = asyncio.create_task(drain(p))
         await asyncio.sleep(0.05)
         assert not drained.done() and sink.in_flight == 3  # SHARD_END must wait for all 3
         sink.gate.set()
@@ -168,30 +178,10 @@ def test_a_failing_lane_parks_its_error_and_the_checkpoint_stays_before_its_reco
         p.dispatch()
         sink.gate.set()
         with pytest.raises(SinkError):
-            await p.drain(wait_s=0.01)
+            await drain(p)
 
     asyncio.run(main())
     assert not checkpoints or checkpoints[-1] < 1001  # record 1001 (key-1) was never acknowledged
-
-
-def test_settle_waits_for_batches_in_flight_and_drops_the_gathered() -> None:
-    sink = SlowSink()
-
-    async def checkpoint(r: Record) -> None:
-        pass
-
-    async def main() -> None:
-        p = ShardPipeline(DeliveryOptions(max_batch_records=2), sink.deliver, checkpoint, max_records=1000,
-                          clock=FakeClock())
-        p.add(keyed(6, 1))
-        p.dispatch()
-        assert await p.settle(0.01) is False and p.gathered == 0  # still in flight at the deadline
-        sink.gate.set()
-        assert await p.settle(1.0) is True
-        await p.cancel()
-        assert p.tracker.pending == 0
-
-    asyncio.run(main())
 
 
 class PerKeySink:
@@ -296,7 +286,7 @@ def test_a_partial_ack_mid_round_is_checkpointed_at_once() -> None:
             await asyncio.sleep(0)
         assert written == [rec(1).position]
         release.set()
-        await p.drain(wait_s=0.01)
+        await drain(p)
         assert written == [rec(1).position, rec(3).position]
 
     asyncio.run(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kinesis_actors.reader import ConsumerState, Stop, StopReason
+from kinesis_actors.reader.states import BEHAVIOURS
 
 R, H, L = StopReason.REQUESTED, StopReason.HANDOFF, StopReason.LEASE_LOST
 
@@ -20,7 +21,7 @@ def test_keeping_the_lease_beats_a_handoff_and_a_handoff_beats_a_release() -> No
     assert handoff.merge(Stop(H, to="c")).to == "b", "the first asker stays"
 
 
-def test_each_reason_names_its_terminal_state() -> None:
-    assert {r: Stop(r).terminal for r in StopReason} == {
+def test_shutting_down_ends_in_the_terminal_state_of_each_reason() -> None:
+    assert dict(BEHAVIOURS[ConsumerState.SHUTTING_DOWN].next) == {
         R: ConsumerState.CLOSED, H: ConsumerState.HANDED_OVER, StopReason.SHARD_END: ConsumerState.SHARD_ENDED,
         StopReason.FAILED: ConsumerState.FAILED, L: ConsumerState.LOST}
