@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import KinesisStream
-from ..load.placement import LoadPlacer, LoadPlan, ReaderLoad, ShardLoad
+from ..load.placement import LoadPlacer, ReaderLoad, ShardLoad
 from .handles import ReaderGone, ReaderUnreachable
 from .placements import Placements
 from .pool import PooledReader, ReaderPool
@@ -54,7 +54,6 @@ class LoadMoves:
         self.counters, self._clock, self._grace_s = counters, clock, grace_s
         self._replaced = counters.get("readers_replaced", 0)
         self.rounds = TaskSet(counters)  # the round under way (at most one)
-        self.last_plan: LoadPlan | None = None
 
     def update(self) -> None:
         """Start a round in the background unless one is running."""
@@ -73,7 +72,6 @@ class LoadMoves:
         if len(view) != len(readers) or self._pool.closing:
             return  # a reader did not answer: decide on whole figures only
         plan = self.placer.plan(view, self._clock(), starting=self._pool.starting())
-        self.last_plan = plan
         self._pool.wanted = plan.readers
         if plan.start_reader:
             log.info("readers above reader_target_cpu and none can take their hottest shard: starting one more"
