@@ -8,6 +8,7 @@ bytes). A chart whose figures the JSON lacks is left out, and the page says whic
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import re
@@ -29,6 +30,7 @@ def figures(data: dict[str, Any]) -> dict[str, float]:
     return {f["name"]: f["value"] for f in data.get("figures", []) if f.get("value") is not None}
 
 
+@functools.lru_cache(maxsize=None)
 def commit_of(started_utc: str | None) -> str | None:
     """The commit a run measured: recorded in the run (``commit``), else the one in the name of the
     ``bench/runs/*.json`` copy that has the same start time (``..._<commit>[_suffix].json``)."""
@@ -45,19 +47,135 @@ def commit_of(started_utc: str | None) -> str | None:
     return None
 
 
-def provenance(data: dict[str, Any]) -> list[str]:
-    """One row per section: the run that last measured it, its commit, the load when it started."""
-    runs = {s: (data.get("started_utc"), data.get("commit")) for s in data.get("params", {}).get("sections", [])}
+def section_runs(data: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Each section's provenance, from the run that last measured it (the file's own run, else the last
+    ``merged_runs`` entry naming it): ``started`` (UTC), ``date``, ``commit``, ``load`` (the 1-min load
+    average, at the section's start or, for a run that recorded only that, at its end) and ``source`` (the
+    file ``python -m bench.fold`` folded it from, else ``bench/results.json``). What the run did not record
+    reads "not recorded"."""
+    runs: dict[str, dict[str, Any]] = {s: {"started_utc": data.get("started_utc"), "date": data.get("date")}
+                                       for s in data.get("params", {}).get("sections", [])}
     for run in data.get("merged_runs", []):
         for s in run.get("params", {}).get("sections", []):
-            runs[s] = (run.get("started_utc"), run.get("commit"))
+            runs[s] = run
     load = data.get("load_average_1min_at_section_start", {})
-    rows = ["| section | measured (UTC) | commit | load average (1 min) at its start |", "|---|---|---|---:|"]
+    out = {}
     for section in dict.fromkeys(f["section"] for f in data.get("figures", [])):
-        started, commit = runs.get(section, (data.get("started_utc"), None))
-        commit = commit or commit_of(started) or "not recorded"
-        rows.append(f"| {section} | {started} | {commit} | {load.get(section, 'not recorded')} |")
+        run = runs.get(section, {"started_utc": data.get("started_utc"), "date": data.get("date")})
+        started = run.get("started_utc")
+        at = (f"{load[section]:g} at its start" if section in load else
+              f"{run['load_at_end']:g} at its end" if run.get("load_at_end") is not None else "not recorded")
+        out[section] = {"started": started or "not recorded",
+                        "date": run.get("date") or (started or "")[:10] or "not recorded",
+                        "commit": run.get("commit") or commit_of(started) or "not recorded",
+                        "load": at, "source": run.get("source") or "bench/results.json"}
+    return out
+
+
+def provenance(data: dict[str, Any]) -> list[str]:
+    """One row per section: the run that last measured it, its commit, the load, the file it was folded from."""
+    rows = ["| section | measured (UTC) | commit | load average (1 min) | from |", "|---|---|---|---|---|"]
+    for section, run in section_runs(data).items():
+        started = run["started"] if run["started"] != "not recorded" else f"{run['date']} (time not recorded)"
+        rows.append(f"| {section} | {started} | {run['commit']} | {run['load']} | `{run['source']}` |")
     return rows
+
+
+class FigureError(KeyError):
+    """A placeholder names a figure (or a field, or a section) that ``bench/results.json`` lacks."""
+
+
+# {{ section.name }}, {{ section.name.field }}, {{ section.@run }}; then an optional ": format-spec".
+PLACEHOLDER = re.compile(r"\{\{\s*([a-z0-9_]+)\.(@?\w+)(?:\.(\w+))?\s*(?::\s*([^}]*?))?\s*\}\}")
+FIELDS = ("value", "anchor_value", "ratio")
+RUN_FIELDS = ("run", "date", "commit", "load", "started", "source")
+
+
+def cite(data: dict[str, Any], section: str, name: str, field: str | None = None, spec: str | None = None) -> str:
+    """The text of one placeholder: a figure's ``value`` (or ``anchor_value``, ``ratio``) as :func:`fmt`
+    prints it, or with ``spec`` (a Python format spec such as ``.3f`` or ``,.0f``); ``@run`` (and ``@date``,
+    ``@commit``, ``@load``, ``@started``, ``@source``) give the section's provenance. Raises
+    :class:`FigureError` for a section, figure or field the results lack, or a figure without a value."""
+    runs = section_runs(data)
+    if section not in runs:
+        raise FigureError(f"bench/results.json has no section {section!r}")
+    if name.startswith("@"):
+        run, what = runs[section], name[1:]
+        if what not in RUN_FIELDS or field or spec:
+            raise FigureError(f"{{{{ {section}.{name} }}}}: say one of @{', @'.join(RUN_FIELDS)}")
+        if what == "run":
+            commit = "commit not recorded" if run["commit"] == "not recorded" else f"at {run['commit']}"
+            return f"[bench {section}, {run['date']} {commit}, load {run['load']}]"
+        return run[what]
+    value = figure_value(data, section, name, field or "value")
+    return format(value, spec) if spec else show(value)
+
+
+def figure_value(data: dict[str, Any], section: str, name: str, field: str = "value") -> Any:
+    """The ``field`` (``value``, ``anchor_value`` or ``ratio``) of figure ``name`` of ``section``; raises
+    :class:`FigureError` when the results lack it or it is null."""
+    by_key = {f["name"]: f for f in data.get("figures", []) if f["section"] == section}
+    value = by_key.get(name, {}).get(field)
+    if name not in by_key or field not in FIELDS or value is None:
+        raise FigureError(f"bench/results.json: section {section!r} has no {field} of {name!r}")
+    return value
+
+
+def show(value: Any) -> str:
+    """A figure as the docs print it: :func:`fmt` for a measured float, thousands separated for a count."""
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else fmt(value)
+
+
+# (shards, MB/s, label) of production.md's worked examples; True: min_checkpoint_interval_s=0
+SIZING_ROWS = ((500, 10, False), (100, 100, False), (500, 100, False), (500, 200, False), (500, 200, True),
+               (500, 500, False), (500, 1000, False))
+
+
+def sizing_table(data: dict[str, Any]) -> list[str]:
+    """production.md's worked examples of its sizing rule: ``c = b × per_MB + r × 1 ms`` cores per shard with
+    ``per_MB`` the readers' and Coordinator's steady CPU s/MB (``throughput`` section) and ``r = 5 + 1/3``
+    requests/s per shard (+5 checkpoint writes/s with ``min_checkpoint_interval_s=0``); readers
+    ``ceil(N / floor(0.5 / c)) + 1``; memory ``readers × 100 MiB + N × 0.13 MiB`` (+74 MiB per reader with full
+    byte budgets). Raises :class:`FigureError` without the per-MB figure."""
+    import math
+
+    per_mb = float(figure_value(data, "throughput", "product_readers_coordinator_cpu_s_per_mb_after_start"))
+    rows = ["| stream | MB/s per shard `b` | cores per shard `c` | `max_shards_per_reader` (`<= 0.5 / c`) | "
+            "reader cores (`N × c`) | readers (`ceil(N/max)+1`) | nodes of 8 cores, readers only "
+            "(`ceil(readers / 8)`) | reader memory at rest | worst case with full byte budgets |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n, mb_s, every_batch in SIZING_ROWS:
+        b = mb_s / n
+        c = b * per_mb + (5 + 1 / 3) * 0.001 + (0.005 if every_batch else 0.0)
+        cap = math.floor(0.5 / c)
+        readers = math.ceil(n / cap) + 1
+        rest = readers * 100 + n * 0.13
+        label = f"{n} shards, {mb_s:,} MB/s" + (", `min_checkpoint_interval_s=0`" if every_batch else "")
+        rows.append(f"| {label} | {b:g} | {c:.4f} | {cap} | {n * c:.1f} | {readers} | {math.ceil(readers / 8)} | "
+                    f"{rest / 1024:.2f} GiB | {(rest + readers * 74) / 1024:.2f} GiB |")
+    return rows
+
+
+TABLES: dict[str, Callable[[dict[str, Any]], list[str]]] = {"sizing": sizing_table}
+_TABLE = re.compile(r"^\{\{\s*table\s+(\w+)\s*\}\}$", re.MULTILINE)
+
+
+def _table(data: dict[str, Any], name: str) -> str:
+    if name not in TABLES:
+        raise FigureError(f"{{{{ table {name} }}}}: tables are {', '.join(TABLES)}")
+    return "\n".join(TABLES[name](data))
+
+
+def expand_figures(markdown: str, data: dict[str, Any]) -> str:
+    """``markdown`` with every placeholder replaced by :func:`cite`'s text, and every ``{{ table NAME }}`` line by
+    the table :data:`TABLES` computes from the figures (:class:`FigureError` on the first unknown one)."""
+    markdown = _TABLE.sub(lambda m: _table(data, m.group(1)), markdown)
+    return PLACEHOLDER.sub(lambda m: cite(data, m.group(1), m.group(2), m.group(3), m.group(4)), markdown)
+
+
+def placeholders(markdown: str) -> list[tuple[str, str, str | None, str | None]]:
+    """Every placeholder of ``markdown`` as (section, name, field, spec)."""
+    return [(m.group(1), m.group(2), m.group(3), m.group(4)) for m in PLACEHOLDER.finditer(markdown)]
 
 
 def _plt() -> Any:
@@ -251,9 +369,9 @@ CAPTIONS = {
 
 INTRO = """# Benchmarks
 
-This page is generated by `python -m bench.report --docs` from `bench/results.json` (and the
-chaos suite's reference run, `bench/chaos.json`); `make docs` runs it before building the
-site. Do not edit it or its charts by hand: run `make bench` (or `python -m bench --only S
+This page is generated by `python -m bench.report --docs` from `bench/results.json` (the
+chaos suite's reference run and the runs kept in `bench/runs/` are folded into it by
+`python -m bench.fold`); `make docs` runs it before building the site. Do not edit it or its charts by hand: run `make bench` (or `python -m bench --only S
 --merge`) and `make docs` again.
 
 Every figure is from one run on a shared 2-core machine, against an emulator (moto in server
@@ -265,9 +383,28 @@ the same shards with `GetRecords`.
 """
 
 
-def render(data: dict[str, Any], chaos: dict[str, Any] | None) -> str:
+def chaos_table(data: dict[str, Any]) -> list[str]:
+    """The chaos suite's reference run, one row per scenario, from section ``chaos`` of the results."""
+    from .report import CHAOS_KEY
+
+    f = {x["name"]: x["value"] for x in data.get("figures", []) if x["section"] == "chaos"}
+    scenarios = sorted(n[len("chaos_"):-len("_published")] for n in f if n.endswith("_published"))
+    rows = ["| scenario | published | lost | duplicated | gaps | recovery (s) | key figure |",
+            "|---|---:|---:|---:|---:|---:|---|"]
+    for sc in scenarios:
+        def get(k: str, sc: str = sc) -> str:
+            return show(f.get(f"chaos_{sc}_{k}"))
+
+        key, label = CHAOS_KEY.get(sc, ("", ""))
+        shown = f"{get(key)} {label}" if f"chaos_{sc}_{key}" in f else ""
+        rows.append(f"| {sc} | {get('published')} | {get('lost')} | {get('duplicated')} | {get('gaps')} | "
+                    f"{get('recovery_s') if f'chaos_{sc}_recovery_s' in f else ''} | {shown} |")
+    return rows
+
+
+def render(data: dict[str, Any]) -> str:
     """The benchmark page's Markdown; draws the charts into ``docs/assets/bench/`` as it goes."""
-    from .report import chaos_markdown, markdown
+    from .report import markdown
 
     f = figures(data)
     m = data.get("machine", {})
@@ -288,24 +425,27 @@ def render(data: dict[str, Any], chaos: dict[str, Any] | None) -> str:
     table = markdown(data, key_only=True).splitlines()
     out += ["## Every key figure", "", "`python -m bench.report --key` prints the same table.", "",
             *table[next(i for i, line in enumerate(table) if line.startswith("| section")):], ""]
-    if chaos:
+    if any(x["section"] == "chaos" for x in data.get("figures", [])):
+        run = section_runs(data)["chaos"]
         out += ["## The chaos suite's reference run", "",
-                "From `bench/chaos.json` (see [the chaos suite](chaos.md) for what each scenario does).", "",
-                chaos_markdown(chaos), ""]
+                f"Section `chaos` of `bench/results.json`, folded from `{run['source']}`: measured {run['date']} at "
+                f"{run['commit']}, load average {run['load']} (see [the chaos suite](chaos.md) for what each "
+                "scenario does).", "", *chaos_table(data), ""]
     return "\n".join(out).rstrip() + "\n"
 
 
-def write(results_path: str, chaos_path: str | None) -> str:
-    """Write ``docs/benchmarks.md`` and its charts; returns the page's path."""
+def load(results_path: str) -> dict[str, Any]:
+    """The results file at ``results_path``, parsed."""
     import json
 
     with open(results_path) as fh:
-        data = json.load(fh)
-    chaos = None
-    if chaos_path and os.path.exists(chaos_path):
-        with open(chaos_path) as fh:
-            chaos = json.load(fh)
+        data: dict[str, Any] = json.load(fh)
+    return data
+
+
+def write(results_path: str) -> str:
+    """Write ``docs/benchmarks.md`` and its charts from the results file; returns the page's path."""
     page = os.path.join(DOCS, "benchmarks.md")
     with open(page, "w") as fh:
-        fh.write(render(data, chaos))
+        fh.write(render(load(results_path)))
     return page

@@ -42,15 +42,20 @@ KEY = (
 )
 
 
+def _merged(run: dict) -> str:
+    how = f"folded in from `{run['source']}` (`python -m bench.fold`)" if run.get("source") else \
+        "merged in (`python -m bench --merge`)"
+    return (f"Sections {', '.join(run['params'].get('sections', []))} measured again "
+            f"{run.get('started_utc') or run.get('date')}{' (--quick)' if run.get('mode') == 'quick' else ''} and {how}.")
+
+
 def markdown(data: dict, key_only: bool = False) -> str:
     m = data.get("machine", {})
     lines = [
         f"Measured {data.get('date')} on {m.get('cores')} cores, {m.get('memory_gib')} GiB "
         f"(Python {m.get('python')}, Ray {m.get('ray')}, boto3 {m.get('boto3')}, moto {m.get('moto')}; "
         f"`python -m bench`{' --quick' if data.get('mode') == 'quick' else ''}, emulator: moto server).",
-        *(f"Sections {', '.join(r['params'].get('sections', []))} measured again {r['started_utc']}"
-          f"{' (--quick)' if r.get('mode') == 'quick' else ''} and merged in (`python -m bench --merge`)."
-          for r in data.get("merged_runs", [])),
+        *(_merged(r) for r in data.get("merged_runs", [])),
         "",
         "Load average (1 min) of the shared machine when each section started: "
         + (", ".join(f"{k} {v:g}" for k, v in data.get("load_average_1min_at_section_start", {}).items()) or "not recorded")
@@ -126,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if docs:
         from .docs_page import write
 
-        print(write(path, CHAOS_PATH))
+        print(write(path))
         return 0
     with open(path) as f:
         if readme:
