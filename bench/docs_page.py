@@ -30,7 +30,7 @@ def figures(data: dict[str, Any]) -> dict[str, float]:
     return {f["name"]: f["value"] for f in data.get("figures", []) if f.get("value") is not None}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def commit_of(started_utc: str | None) -> str | None:
     """The commit a run measured: recorded in the run (``commit``), else the one in the name of the
     ``bench/runs/*.json`` copy that has the same start time (``..._<commit>[_suffix].json``)."""
@@ -74,108 +74,17 @@ def section_runs(data: dict[str, Any]) -> dict[str, dict[str, str]]:
 
 def provenance(data: dict[str, Any]) -> list[str]:
     """One row per section: the run that last measured it, its commit, the load, the file it was folded from."""
-    rows = ["| section | measured (UTC) | commit | load average (1 min) | from |", "|---|---|---|---|---|"]
+    rows = ["| section | measured (UTC) | commit | load average (1 min) | in `bench/results.json` from (`python -m bench.fold` "
+            "copies a kept run in) |", "|---|---|---|---|---|"]
     for section, run in section_runs(data).items():
         started = run["started"] if run["started"] != "not recorded" else f"{run['date']} (time not recorded)"
         rows.append(f"| {section} | {started} | {run['commit']} | {run['load']} | `{run['source']}` |")
     return rows
 
 
-class FigureError(KeyError):
-    """A placeholder names a figure (or a field, or a section) that ``bench/results.json`` lacks."""
-
-
-# {{ section.name }}, {{ section.name.field }}, {{ section.@run }}; then an optional ": format-spec".
-PLACEHOLDER = re.compile(r"\{\{\s*([a-z0-9_]+)\.(@?\w+)(?:\.(\w+))?\s*(?::\s*([^}]*?))?\s*\}\}")
-FIELDS = ("value", "anchor_value", "ratio")
-RUN_FIELDS = ("run", "date", "commit", "load", "started", "source")
-
-
-def cite(data: dict[str, Any], section: str, name: str, field: str | None = None, spec: str | None = None) -> str:
-    """The text of one placeholder: a figure's ``value`` (or ``anchor_value``, ``ratio``) as :func:`fmt`
-    prints it, or with ``spec`` (a Python format spec such as ``.3f`` or ``,.0f``); ``@run`` (and ``@date``,
-    ``@commit``, ``@load``, ``@started``, ``@source``) give the section's provenance. Raises
-    :class:`FigureError` for a section, figure or field the results lack, or a figure without a value."""
-    runs = section_runs(data)
-    if section not in runs:
-        raise FigureError(f"bench/results.json has no section {section!r}")
-    if name.startswith("@"):
-        run, what = runs[section], name[1:]
-        if what not in RUN_FIELDS or field or spec:
-            raise FigureError(f"{{{{ {section}.{name} }}}}: say one of @{', @'.join(RUN_FIELDS)}")
-        if what == "run":
-            commit = "commit not recorded" if run["commit"] == "not recorded" else f"at {run['commit']}"
-            return f"[bench {section}, {run['date']} {commit}, load {run['load']}]"
-        return run[what]
-    value = figure_value(data, section, name, field or "value")
-    return format(value, spec) if spec else show(value)
-
-
-def figure_value(data: dict[str, Any], section: str, name: str, field: str = "value") -> Any:
-    """The ``field`` (``value``, ``anchor_value`` or ``ratio``) of figure ``name`` of ``section``; raises
-    :class:`FigureError` when the results lack it or it is null."""
-    by_key = {f["name"]: f for f in data.get("figures", []) if f["section"] == section}
-    value = by_key.get(name, {}).get(field)
-    if name not in by_key or field not in FIELDS or value is None:
-        raise FigureError(f"bench/results.json: section {section!r} has no {field} of {name!r}")
-    return value
-
-
 def show(value: Any) -> str:
     """A figure as the docs print it: :func:`fmt` for a measured float, thousands separated for a count."""
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else fmt(value)
-
-
-# (shards, MB/s, label) of production.md's worked examples; True: min_checkpoint_interval_s=0
-SIZING_ROWS = ((500, 10, False), (100, 100, False), (500, 100, False), (500, 200, False), (500, 200, True),
-               (500, 500, False), (500, 1000, False))
-
-
-def sizing_table(data: dict[str, Any]) -> list[str]:
-    """production.md's worked examples of its sizing rule: ``c = b × per_MB + r × 1 ms`` cores per shard with
-    ``per_MB`` the readers' and Coordinator's steady CPU s/MB (``throughput`` section) and ``r = 5 + 1/3``
-    requests/s per shard (+5 checkpoint writes/s with ``min_checkpoint_interval_s=0``); readers
-    ``ceil(N / floor(0.5 / c)) + 1``; memory ``readers × 100 MiB + N × 0.13 MiB`` (+74 MiB per reader with full
-    byte budgets). Raises :class:`FigureError` without the per-MB figure."""
-    import math
-
-    per_mb = float(figure_value(data, "throughput", "product_readers_coordinator_cpu_s_per_mb_after_start"))
-    rows = ["| stream | MB/s per shard `b` | cores per shard `c` | `max_shards_per_reader` (`<= 0.5 / c`) | "
-            "reader cores (`N × c`) | readers (`ceil(N/max)+1`) | nodes of 8 cores, readers only "
-            "(`ceil(readers / 8)`) | reader memory at rest | worst case with full byte budgets |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for n, mb_s, every_batch in SIZING_ROWS:
-        b = mb_s / n
-        c = b * per_mb + (5 + 1 / 3) * 0.001 + (0.005 if every_batch else 0.0)
-        cap = math.floor(0.5 / c)
-        readers = math.ceil(n / cap) + 1
-        rest = readers * 100 + n * 0.13
-        label = f"{n} shards, {mb_s:,} MB/s" + (", `min_checkpoint_interval_s=0`" if every_batch else "")
-        rows.append(f"| {label} | {b:g} | {c:.4f} | {cap} | {n * c:.1f} | {readers} | {math.ceil(readers / 8)} | "
-                    f"{rest / 1024:.2f} GiB | {(rest + readers * 74) / 1024:.2f} GiB |")
-    return rows
-
-
-TABLES: dict[str, Callable[[dict[str, Any]], list[str]]] = {"sizing": sizing_table}
-_TABLE = re.compile(r"^\{\{\s*table\s+(\w+)\s*\}\}$", re.MULTILINE)
-
-
-def _table(data: dict[str, Any], name: str) -> str:
-    if name not in TABLES:
-        raise FigureError(f"{{{{ table {name} }}}}: tables are {', '.join(TABLES)}")
-    return "\n".join(TABLES[name](data))
-
-
-def expand_figures(markdown: str, data: dict[str, Any]) -> str:
-    """``markdown`` with every placeholder replaced by :func:`cite`'s text, and every ``{{ table NAME }}`` line by
-    the table :data:`TABLES` computes from the figures (:class:`FigureError` on the first unknown one)."""
-    markdown = _TABLE.sub(lambda m: _table(data, m.group(1)), markdown)
-    return PLACEHOLDER.sub(lambda m: cite(data, m.group(1), m.group(2), m.group(3), m.group(4)), markdown)
-
-
-def placeholders(markdown: str) -> list[tuple[str, str, str | None, str | None]]:
-    """Every placeholder of ``markdown`` as (section, name, field, spec)."""
-    return [(m.group(1), m.group(2), m.group(3), m.group(4)) for m in PLACEHOLDER.finditer(markdown)]
 
 
 def _plt() -> Any:
@@ -371,8 +280,8 @@ INTRO = """# Benchmarks
 
 This page is generated by `python -m bench.report --docs` from `bench/results.json` (the
 chaos suite's reference run and the runs kept in `bench/runs/` are folded into it by
-`python -m bench.fold`); `make docs` runs it before building the site. Do not edit it or its charts by hand: run `make bench` (or `python -m bench --only S
---merge`) and `make docs` again.
+`python -m bench.fold`); `make docs` runs it before building the site. Do not edit it or its
+charts by hand: run `make bench` (or `python -m bench --only S --merge`) and `make docs` again.
 
 Every figure is from one run on a shared 2-core machine, against an emulator (moto in server
 mode on the same cores), not AWS: read them as orders of magnitude and compare ratios within
@@ -428,9 +337,9 @@ def render(data: dict[str, Any]) -> str:
     if any(x["section"] == "chaos" for x in data.get("figures", [])):
         run = section_runs(data)["chaos"]
         out += ["## The chaos suite's reference run", "",
-                f"Section `chaos` of `bench/results.json`, folded from `{run['source']}`: measured {run['date']} at "
-                f"{run['commit']}, load average {run['load']} (see [the chaos suite](chaos.md) for what each "
-                "scenario does).", "", *chaos_table(data), ""]
+                f"Section `chaos` of `bench/results.json`, folded from `{run['source']}` by `python -m bench.fold`: "
+                f"measured {run['date']} at {run['commit']}, load average {run['load']} (see [the chaos suite](chaos.md) "
+                "for what each scenario does).", "", *chaos_table(data), ""]
     return "\n".join(out).rstrip() + "\n"
 
 

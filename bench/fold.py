@@ -141,6 +141,21 @@ def results_run(path: str, rename: str | None) -> dict[str, Any]:
     return run
 
 
+def load_run(paths: list[str], rename: str | None = None) -> dict[str, Any]:
+    """The run in ``paths``: ``bench.idle`` outputs (``.txt``, one shard count), else one chaos or results JSON file
+    (``rename``: the section name to give a results file's one section). Raises ``SystemExit`` for a file this
+    module does not understand."""
+    if paths[0].endswith(".txt"):
+        return idle_run(paths)
+    with open(paths[0]) as fh:
+        data = json.load(fh)
+    if "scenarios" in data:
+        return chaos_run(paths[0])
+    if "figures" not in data or "params" not in data:
+        raise SystemExit(f"bench.fold: {paths[0]} is neither a results file nor the chaos suite's")
+    return results_run(paths[0], rename)
+
+
 def fold(base: dict[str, Any], run: dict[str, Any], source: str) -> dict[str, Any]:
     """``base`` with ``run`` merged in (its sections replaced) and the merged entry naming ``source``."""
     kept = [r for r in base.get("merged_runs", []) if r.get("source") != source]
@@ -155,14 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--as", dest="rename", help="the section name to give a results file's one section")
     ap.add_argument("--out", default=os.path.join(HERE, "results.json"), help="the results file [bench/results.json]")
     a = ap.parse_args(argv)
-    first = a.files[0]
-    if first.endswith(".txt"):
-        run = idle_run(a.files)
-    elif len(a.files) != 1:
+    if not a.files[0].endswith(".txt") and len(a.files) != 1:
         ap.error("one JSON file per fold")
-    else:
-        with open(first) as fh:
-            run = chaos_run(first) if "scenarios" in json.load(fh) else results_run(first, a.rename)
+    run = load_run(a.files, a.rename)
     with open(a.out) as fh:
         base = json.load(fh)
     source = ",".join(os.path.relpath(os.path.abspath(p), ROOT) for p in a.files)

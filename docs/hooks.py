@@ -35,10 +35,12 @@ from mkdocs.exceptions import PluginError
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 RESULTS = ROOT / "bench" / "results.json"
-if str(ROOT) not in sys.path:  # the mkdocs script's sys.path lacks the repository (bench.docs_page)
+if str(ROOT) not in sys.path:  # the mkdocs script's sys.path lacks the repository (bench.cite)
     sys.path.insert(0, str(ROOT))
 
-from bench.docs_page import FigureError, expand_figures, load  # noqa: E402
+from bench.cite import FigureError, expand_figures  # noqa: E402
+from bench.docs_page import load  # noqa: E402
+
 _LINK = re.compile(r"\[([^\]]+)\]\(((?:\.\./)+[^)#\s]+)(#[^)]*)?\)")
 
 

@@ -8,8 +8,12 @@ import ast
 import json
 import re
 
+import pytest
+
+from bench.cite import PLACEHOLDER, FigureError, cite, expand_figures, placeholders
 from bench.common import fmt
-from bench.docs_page import readme_figures
+from bench.docs_page import readme_figures, section_runs
+from bench.fold import fold, load_run
 from tests.doc_blocks import ROOT, RUNNABLE, SHOWN_ONLY, all_blocks, blocks
 
 README = ROOT / "README.md"
@@ -84,3 +88,78 @@ def test_the_api_reference_documents_every_public_name() -> None:
     documented = set(re.findall(r"^::: kinesis_actors(?:\.\w+)*\.(\w+)$", reference, re.MULTILINE))
     public = {*_all("__init__.py"), *_all("sinks/__init__.py")} - {"__version__"}
     assert public <= documented, f"add to docs/reference.md: {sorted(public - documented)}"
+
+
+# Pages whose owners convert them to placeholders themselves; remove a page once it cites only bench/results.json.
+NOT_YET_CONVERTED = {"table-sinks.md", "scaling.md"}
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_a_placeholder_is_expanded_from_the_results_and_an_unknown_one_fails() -> None:
+    value = next(f["value"] for f in RESULTS["figures"] if f["name"] == "reader_sigkill_to_shards_delivering_s")
+    text = "{{ failover.reader_sigkill_to_shards_delivering_s }} s, `{{ failover.no_such_figure }}` (code)"
+    assert expand_figures(text, RESULTS) == f"{fmt(value)} s, `{{{{ failover.no_such_figure }}}}` (code)"
+    assert expand_figures("{{ failover.@commit }}", RESULTS) == section_runs(RESULTS)["failover"]["commit"]
+    for unknown in ("{{ failover.no_such_figure }}", "{{ no_such_section.x }}", "{{ failover.@when }}",
+                    "{{ failover.ray_actor_start_s.unit }}", "{{ table no_such_table }}"):
+        with pytest.raises(FigureError):
+            expand_figures(unknown, RESULTS)
+
+
+def test_every_placeholder_of_the_docs_names_a_figure_of_the_results() -> None:
+    missing, cited = [], 0
+    for page in PAGES:
+        text = page.read_text()
+        if page == README:
+            assert not placeholders(text), "GitHub does not expand placeholders: README.md quotes figures as text"
+            continue
+        for section, name, field, spec in placeholders(text):
+            cited += 1
+            try:
+                cite(RESULTS, section, name, field, spec)
+            except FigureError as e:
+                missing.append(f"{page.name}: {e.args[0]}")
+    assert not missing, missing
+    assert cited >= 80, cited  # production.md and chaos.md alone cite more
+
+
+def test_no_page_cites_a_run_kept_outside_the_results_file() -> None:
+    cites = []
+    for page in PAGES:
+        if page.name in NOT_YET_CONVERTED:
+            continue
+        for paragraph in re.split(r"\n\s*\n", page.read_text()):
+            if re.search(r"bench/runs/|bench/chaos\.json", paragraph) and "bench.fold" not in paragraph:
+                cites.append(f"{page.name}: {paragraph.strip()[:120]}")
+    assert not cites, "fold the run into bench/results.json (python -m bench.fold) and cite it: " + "; ".join(cites)
+
+
+def test_each_folded_section_holds_the_figures_of_the_file_it_was_folded_from() -> None:
+    folded = [r for r in RESULTS["merged_runs"] if r.get("source")]
+    assert {s for r in folded for s in r["params"]["sections"]} >= {"lease_cost", "idle_256", "chaos"}
+    for run in folded:
+        (section,) = run["params"]["sections"]
+        paths = [str(ROOT / p) for p in run["source"].split(",")]
+        again = fold({"figures": []}, load_run(paths, section), run["source"])
+        have = [f for f in RESULTS["figures"] if f["section"] == section]
+        assert again["figures"] == have, f"{run['source']} changed: python -m bench.fold it again"
+
+
+_DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+")
+
+
+def test_production_tables_type_no_measured_decimal_outside_a_placeholder() -> None:
+    """A decimal number in a table of production.md is a measured figure unless the table is marked derived
+    (computed by hand from configuration and prices) by a ``<!-- derived: ... -->`` line before it."""
+    typed, tables = [], 0
+    blocks = re.split(r"\n\s*\n", (ROOT / "docs" / "production.md").read_text())
+    for block in blocks:
+        rows = [line for line in block.splitlines() if line.startswith("|")]
+        if not rows or block.lstrip().startswith("<!-- derived:"):
+            continue
+        tables += 1
+        for row in rows:
+            bare = re.sub(r"`[^`]*`", "", PLACEHOLDER.sub("", row))
+            typed += [f"{n} in: {row[:100]}" for n in _DECIMAL.findall(bare)]
+    assert tables >= 4, tables
+    assert not typed, typed
