@@ -8,10 +8,7 @@ bytes). A chart whose figures the JSON lacks is left out, and the page says whic
 
 from __future__ import annotations
 
-import functools
-import glob
 import os
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -28,23 +25,6 @@ OURS, KCLRS, RAW = "#2f6fd0", "#c77d00", "#7a7a7a"
 def figures(data: dict[str, Any]) -> dict[str, float]:
     """Every figure of a results file by name (the last one of a name wins, as the merge keeps it)."""
     return {f["name"]: f["value"] for f in data.get("figures", []) if f.get("value") is not None}
-
-
-@functools.cache
-def commit_of(started_utc: str | None) -> str | None:
-    """The commit a run measured: recorded in the run (``commit``), else the one in the name of the
-    ``bench/runs/*.json`` copy that has the same start time (``..._<commit>[_suffix].json``)."""
-    import json
-
-    if not started_utc:
-        return None
-    for path in sorted(glob.glob(os.path.join(BENCH, "runs", "*.json"))):
-        with open(path) as f:
-            run = json.load(f)
-        if run.get("started_utc") == started_utc:
-            m = re.search(r"_([0-9a-f]{7,40})(?:_[a-z0-9]+)?\.json$", os.path.basename(path))
-            return run.get("commit") or (m.group(1) if m else None)
-    return None
 
 
 def section_runs(data: dict[str, Any]) -> dict[str, dict[str, str]]:
@@ -67,7 +47,7 @@ def section_runs(data: dict[str, Any]) -> dict[str, dict[str, str]]:
               f"{run['load_at_end']:g} at its end" if run.get("load_at_end") is not None else "not recorded")
         out[section] = {"started": started or "not recorded",
                         "date": run.get("date") or (started or "")[:10] or "not recorded",
-                        "commit": run.get("commit") or commit_of(started) or "not recorded",
+                        "commit": run.get("commit") or "not recorded",
                         "load": at, "source": run.get("source") or "bench/results.json"}
     return out
 

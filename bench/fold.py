@@ -13,13 +13,15 @@ Three kinds of file are understood:
 
 Provenance is copied, never made up: the start time, commit, date and load average the file records (the
 commit from the file name ``..._<commit>[_suffix].ext`` when the file holds none); what a file does not record is
-left out, and the benchmark page then says "not recorded". Each fold is one ``merged_runs`` entry naming its
+left out, and the benchmark page then says "not recorded". ``--commits`` gives a merged run that recorded no
+commit the one in the name of its ``bench/runs/`` copy (same start time). Each fold is one ``merged_runs`` entry naming its
 ``source`` file; folding the same file again replaces that entry and its section's figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -156,6 +158,25 @@ def load_run(paths: list[str], rename: str | None = None) -> dict[str, Any]:
     return results_run(paths[0], rename)
 
 
+def fill_commits(data: dict[str, Any]) -> list[str]:
+    """Give each ``merged_runs`` entry without a ``commit`` the one in the name of the ``bench/runs/*.json`` copy of
+    the same run (same ``started_utc``; ``..._<commit>[_suffix].json``), noting that file as ``commit_from``.
+    Returns the start times filled."""
+    copies = {}
+    for path in sorted(glob.glob(os.path.join(HERE, "runs", "*.json"))):
+        with open(path) as fh:
+            run = json.load(fh)
+        commit = run.get("commit") or _from_name(path)["commit"]
+        if run.get("started_utc") and commit:
+            copies[run["started_utc"]] = (commit, os.path.relpath(path, ROOT))
+    filled = []
+    for run in data.get("merged_runs", []):
+        if not run.get("commit") and run.get("started_utc") in copies:
+            run["commit"], run["commit_from"] = copies[run["started_utc"]]
+            filled.append(run["started_utc"])
+    return filled
+
+
 def fold(base: dict[str, Any], run: dict[str, Any], source: str) -> dict[str, Any]:
     """``base`` with ``run`` merged in (its sections replaced) and the merged entry naming ``source``."""
     kept = [r for r in base.get("merged_runs", []) if r.get("source") != source]
@@ -164,23 +185,37 @@ def fold(base: dict[str, Any], run: dict[str, Any], source: str) -> dict[str, An
     return out
 
 
+def _write(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.fold", description=__doc__.split("\n\n")[0])
-    ap.add_argument("files", nargs="+", help="one results/chaos JSON, or bench.idle outputs of one shard count")
+    ap.add_argument("files", nargs="*", help="one results/chaos JSON, or bench.idle outputs of one shard count")
+    ap.add_argument("--commits", action="store_true",
+                    help="only fill the commit of merged runs that lack one from their bench/runs/ copy")
     ap.add_argument("--as", dest="rename", help="the section name to give a results file's one section")
     ap.add_argument("--out", default=os.path.join(HERE, "results.json"), help="the results file [bench/results.json]")
     a = ap.parse_args(argv)
+    if a.commits:
+        with open(a.out) as fh:
+            data = json.load(fh)
+        print(f"{a.out}: commits filled for the runs started {', '.join(fill_commits(data)) or '(none)'}")
+        _write(a.out, data)
+        return 0
+    if not a.files:
+        ap.error("name the files to fold (or --commits)")
     if not a.files[0].endswith(".txt") and len(a.files) != 1:
         ap.error("one JSON file per fold")
     run = load_run(a.files, a.rename)
     with open(a.out) as fh:
         base = json.load(fh)
     source = ",".join(os.path.relpath(os.path.abspath(p), ROOT) for p in a.files)
-    tmp = f"{a.out}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(fold(base, run, source), fh, indent=1)
-        fh.write("\n")
-    os.replace(tmp, a.out)
+    _write(a.out, fold(base, run, source))
     print(f"{a.out}: section {', '.join(run['params']['sections'])} from {source}")
     return 0
 

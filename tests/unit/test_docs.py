@@ -13,7 +13,7 @@ import pytest
 from bench.cite import PLACEHOLDER, FigureError, cite, expand_figures, placeholders
 from bench.common import fmt
 from bench.docs_page import readme_figures, section_runs
-from bench.fold import fold, load_run
+from bench.fold import fill_commits, fold, load_run
 from tests.doc_blocks import ROOT, RUNNABLE, SHOWN_ONLY, all_blocks, blocks
 
 README = ROOT / "README.md"
@@ -143,6 +143,12 @@ def test_each_folded_section_holds_the_figures_of_the_file_it_was_folded_from() 
         again = fold({"figures": []}, load_run(paths, section), run["source"])
         have = [f for f in RESULTS["figures"] if f["section"] == section]
         assert again["figures"] == have, f"{run['source']} changed: python -m bench.fold it again"
+
+
+def test_the_results_file_names_every_commit_its_kept_run_copies_record() -> None:
+    """The benchmark page reads provenance from bench/results.json alone (python -m bench.fold --commits)."""
+    assert fill_commits(json.loads(json.dumps(RESULTS))) == []
+    assert section_runs(RESULTS)["throughput"]["commit"] != "not recorded"
 
 
 _DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+")
