@@ -112,20 +112,10 @@ def _victim(endpoint: str, table: str, stream: str, sink_args: list[str]) -> sub
 def _one(ctx: Any, kind: str, tmp: Path, kills: int, timeout_s: float) -> dict[str, Any]:
     """One sink through the faults; its figures (see the module docstring)."""
     from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream, StartAt
-    from kinesis_actors.sinks import IcebergSink
 
     stream, table = f"bench-tf-{kind}-{uuid.uuid4().hex[:6]}", f"bench-tf-{uuid.uuid4().hex[:8]}"
     create_stream(ctx.endpoint, stream, 4)
-    iceberg = {"table": "bench.faults", "commit_interval_s": 1.0,
-               "catalog": {"type": "sql", "uri": f"sqlite:///{tmp}/catalog.db", "warehouse": f"file://{tmp}/wh"}}
-    (tmp / "wh").mkdir(exist_ok=True)
-    plain = None
-    if kind == "plain":
-        name = f"tf-{uuid.uuid4().hex[:8]}"
-        plain = NumberSink.options(name=name, namespace="bench").remote()  # type: ignore[attr-defined]
-        sink_args = ["--sink-actor", name]
-    else:
-        sink_args = ["--iceberg", json.dumps(iceberg)]
+    sink, plain, sink_args = _sinks(kind, tmp)
     broker = KinesisBroker(endpoint=ctx.endpoint, region="us-east-1", test_credentials=True, owner_id="survivor",
                            lease_store=DynamoLeaseStore(table, create_if_missing=True),
                            lease_duration_s=TIMINGS["lease_duration_s"], renew_interval_s=TIMINGS["renew_interval_s"])
@@ -133,7 +123,6 @@ def _one(ctx: Any, kind: str, tmp: Path, kills: int, timeout_s: float) -> dict[s
     numbers = _Numbers(conn, stream)
     child = _victim(ctx.endpoint, table, stream, sink_args)
     ctx.children.append(child)
-    sink = plain if plain is not None else IcebergSink(**iceberg)
     held = (lambda: _table_numbers(sink)) if plain is None else (lambda: ray.get(plain.numbers.remote()))
     sub = None
     try:
@@ -171,6 +160,20 @@ def _one(ctx: Any, kind: str, tmp: Path, kills: int, timeout_s: float) -> dict[s
             ray.kill(plain)
     return {"published": len(sent), "distinct": len(set(got) & sent), "duplicates": len(got) - len(set(got)),
             "lost": len(sent - set(got)), "takeover_s": round(takeover_s, 1)}
+
+
+def _sinks(kind: str, tmp: Path) -> tuple[Any, Any, list[str]]:
+    """(the survivor's sink, the plain sink actor or None, the victim's sink arguments)."""
+    from kinesis_actors.sinks import IcebergSink
+
+    if kind == "plain":
+        name = f"tf-{uuid.uuid4().hex[:8]}"
+        plain = NumberSink.options(name=name, namespace="bench").remote()  # type: ignore[attr-defined]
+        return plain, plain, ["--sink-actor", name]
+    iceberg = {"table": "bench.faults", "commit_interval_s": 1.0,
+               "catalog": {"type": "sql", "uri": f"sqlite:///{tmp}/catalog.db", "warehouse": f"file://{tmp}/wh"}}
+    (tmp / "wh").mkdir(exist_ok=True)
+    return IcebergSink(**iceberg), None, ["--iceberg", json.dumps(iceberg)]
 
 
 def _caught_up(numbers: _Numbers, held: Any) -> Any:
