@@ -483,6 +483,15 @@ def two_instances(endpoint: str, table: str, stream: str, tmp_path: Any, first: 
     return a, b, held
 
 
+def thaw_and_stop(publisher: NumberedPublisher, *instances: Instance | None) -> None:
+    """Stop publishing, then resume (SIGCONT: it may be stopped) and stop each instance started."""
+    publisher.stop()
+    for inst in instances:
+        if inst is not None:
+            signal_tree(inst.proc.pid, signal.SIGCONT)
+            inst.stop()
+
+
 def first_after(rows: list[Any], shard: str, t: float) -> Any:
     return min((d for d in rows if d.shard_id == shard and d.t > t), key=lambda d: d.t, default=None)
 
@@ -605,11 +614,7 @@ def test_5_a_zombie_resumed_after_sigstop_writes_nothing(chaos_cluster: Any, emu
         assert not backwards, f"a checkpoint moved backwards: {backwards[:3]}"
         assert last_call_s <= renew_s, f"the zombie's readers still called AWS {last_call_s:.2f} s after resuming"
     finally:
-        publisher.stop()
-        for inst in (zombie, other):
-            if inst is not None:
-                signal_tree(inst.proc.pid, signal.SIGCONT)
-                inst.stop()
+        thaw_and_stop(publisher, zombie, other)
 
 
 # ------------------------------------------------------------------------- 6. stalled downstream

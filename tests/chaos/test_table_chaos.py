@@ -28,7 +28,7 @@ from .tables import (
     table_numbers,
     table_verdict,
 )
-from .test_chaos import SHARDS, InClusterRun, coordinator_pids, create_stream, record, two_instances
+from .test_chaos import SHARDS, InClusterRun, coordinator_pids, create_stream, record, thaw_and_stop, two_instances
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -141,8 +141,4 @@ def test_12_table_sink_zombie_thawed_after_sigstop_commits_nothing(chaos_cluster
         assert zombie_stats["shards_refused"] >= 1, f"the zombie's table commit was never refused: {zombie_stats}"
         assert {s for c in commits[-1:] for s in c[1]} >= set(zombie_shards) and len(zombie_shards) == SHARDS // 2
     finally:
-        publisher.stop()
-        for inst in (zombie, other):
-            if inst is not None:
-                signal_tree(inst.proc.pid, signal.SIGCONT)
-                inst.stop()
+        thaw_and_stop(publisher, zombie, other)
