@@ -16,7 +16,7 @@ Iceberg table in pyiceberg's SQL catalog on SQLite with a local warehouse.
   first snapshot whose position of its shard reaches its sequence number; p50 / p99 of (that
   snapshot's commit time - publish time).
 
-    python -m bench.tables                 # ~2 min on 2 cores
+    python -m bench.tables                 # ~3 min on 2 cores
     python -m bench.tables --records 2000 --seconds 5 --json out.json
 """
 
