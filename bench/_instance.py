@@ -4,6 +4,8 @@
 own Ray job (its own driver, Coordinator, readers and sink), subscribes with a
 DynamoDB lease table shared with the survivor, prints ``READY <json shard ids>`` once
 it holds its leases, then waits to be SIGKILLed (Ray then kills the job's actors).
+With ``--iceberg JSON`` (``{"table": ..., "catalog": {...}}``) its sink is an IcebergSink on that
+table; with ``--sink-actor NAME`` the named actor (namespace ``bench``) of another job.
 """
 
 from __future__ import annotations
@@ -28,20 +30,32 @@ def main() -> int:
     ap.add_argument("--lease-duration", type=float, default=10.0)
     ap.add_argument("--renew-interval", type=float, default=3.0)
     ap.add_argument("--poll-interval", type=float, default=2.0)
+    ap.add_argument("--iceberg", default=None, help='an IcebergSink: {"table": NAME, "catalog": {...}, ...}')
+    ap.add_argument("--sink-actor", default=None, help="a named sink actor in namespace bench")
+    ap.add_argument("--trim-horizon", action="store_true", help="start_at=TRIM_HORIZON (default LATEST)")
     a = ap.parse_args()
 
     import ray
 
-    ray.init(address=a.address, configure_logging=False, log_to_driver=False)
-    from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream
+    ray.init(address=a.address, namespace="bench", configure_logging=False, log_to_driver=False)
+    from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream, StartAt
 
     from .actors import TimedSink
 
-    sink = TimedSink.remote()
+    if a.iceberg:
+        from kinesis_actors.sinks import IcebergSink
+
+        sink = IcebergSink(**json.loads(a.iceberg))
+    elif a.sink_actor:
+        sink = ray.get_actor(a.sink_actor, namespace="bench")
+    else:
+        sink = TimedSink.remote()
     conn = KinesisBroker(endpoint=a.endpoint, region="us-east-1", test_credentials=True,
                          lease_store=DynamoLeaseStore(a.table, create_if_missing=True), owner_id=a.owner,
                          lease_duration_s=a.lease_duration, renew_interval_s=a.renew_interval).connect()
-    sub = conn.subscribe(KinesisStream(a.stream, max_leases=a.max_leases, lease_poll_interval_s=a.poll_interval), sink=sink)
+    start = {"start_at": StartAt.trim_horizon()} if a.trim_horizon else {}
+    sub = conn.subscribe(KinesisStream(a.stream, max_leases=a.max_leases, lease_poll_interval_s=a.poll_interval,
+                                       **start), sink=sink)
     deadline = time.monotonic() + 30
     held: list[str] = []
     while time.monotonic() < deadline:

@@ -1,5 +1,8 @@
 """Table sinks: records/s into an Iceberg table against the DatasetSink writing Parquet (same
-stream, same run), commit latency (record publish -> visible in a scan), table commits per minute.
+stream, same run), commit latency (record publish -> visible in a scan), table commits per minute,
+and the duplicates in the table after 5 reader SIGKILLs and 1 instance takeover against a plain
+sink's under the same faults (:mod:`bench.tables_faults`). ``python -m bench --only tables`` runs
+it as a section of the main bench (into ``bench/results.json``).
 
 One Ray runtime, the embedded emulator (Kinesis and DynamoDB), a ``DynamoLeaseStore``, an
 Iceberg table in pyiceberg's SQL catalog on SQLite with a local warehouse.
@@ -13,7 +16,7 @@ Iceberg table in pyiceberg's SQL catalog on SQLite with a local warehouse.
   first snapshot whose position of its shard reaches its sequence number; p50 / p99 of (that
   snapshot's commit time - publish time).
 
-    python -m bench.tables                 # ~2 min on 2 cores
+    python -m bench.tables                 # ~3 min on 2 cores
     python -m bench.tables --records 2000 --seconds 5 --json out.json
 """
 
@@ -79,7 +82,8 @@ def _drain(endpoint: str, stream: str, sink: Any, rows: Any, n: int, timeout_s: 
     return elapsed
 
 
-def run(args: argparse.Namespace, endpoint: str, tmp: pathlib.Path) -> dict[str, Any]:
+def figures(args: argparse.Namespace, endpoint: str, tmp: pathlib.Path) -> dict[str, Any]:
+    """Throughput against the DatasetSink, commits per minute and commit latency (module docstring)."""
     from kinesis_actors import DatasetSink, KinesisBroker
     from kinesis_actors.sinks import IcebergSink
 
@@ -151,6 +155,44 @@ def _latency(endpoint: str, tmp: pathlib.Path, args: argparse.Namespace) -> dict
     return {"latency_records": len(lat), "latency_p50_s": round(p50, 2), "latency_p99_s": round(p99, 2)}
 
 
+S = "tables"
+
+
+def run(ctx: Any, res: Any) -> None:
+    """The ``tables`` section of ``python -m bench`` (its emulator and Ray; params ``tables_*``)."""
+    from .tables_faults import TIMINGS, duplicates
+
+    p = ctx.params
+    args = argparse.Namespace(records=p["tables_records"], record_bytes=1024, shards=4, rate=p["tables_rate"],
+                              seconds=p["tables_seconds"])
+    with tempfile.TemporaryDirectory() as tmp:
+        got = figures(args, ctx.endpoint, pathlib.Path(tmp))
+        faults = duplicates(ctx, pathlib.Path(tmp) / "faults", kills=p["tables_kills"])
+    drain = f"{args.records} records of 1 KiB over 4 shards drained from TRIM_HORIZON, commit_interval_s=1"
+    res.add(S, "iceberg_records_per_s", got["iceberg_records_per_s"], "records/s", anchor="dataset_sink_records_per_s",
+            anchor_value=got["dataset_records_per_s"], goal=">= 0.8x", check=lambda v: v >= 0.8 * got["dataset_records_per_s"],
+            note=f"IcebergSink (SQL catalog on SQLite) vs DatasetSink writing Parquet, same stream; {drain}")
+    res.add(S, "iceberg_commits_per_min_4_shards", got["iceberg_commits_per_min"], "commits/min", goal="<= 60",
+            check=lambda v: v <= 60, note=drain)
+    for q, extra in (("p50", 1.0), ("p99", 3.0)):
+        res.add(S, f"iceberg_commit_latency_{q}_s", got.get(f"latency_{q}_s"), "s", goal=f"<= {1.0 + extra:g} s",
+                check=lambda v, b=1.0 + extra: v <= b,
+                note=f"publish -> the snapshot whose position reaches the record; {args.rate:g} records/s for "
+                     f"{args.seconds:g} s, {got.get('latency_records')} records")
+    plain = faults["plain"]
+    setting = (f"{p['tables_kills']} reader SIGKILLs, then the victim instance's driver SIGKILLed and the survivor "
+               f"taking every shard; 4 shards, ~200 records/s, lease {TIMINGS['lease_duration_s']:g} s, "
+               f"renew {TIMINGS['renew_interval_s']:g} s")
+    for kind, fig in faults.items():
+        res.add(S, f"{kind}_duplicates_after_faults", fig["duplicates"], "records",
+                anchor=None if kind == "plain" else "plain_duplicates_after_faults",
+                anchor_value=None if kind == "plain" else plain["duplicates"],
+                goal="0" if kind == "iceberg" else None, check=(lambda v: v == 0) if kind == "iceberg" else None,
+                note=f"{fig['published']} published, {fig['distinct']} distinct held, {fig['lost']} lost, takeover "
+                     f"{fig['takeover_s']} s; {setting}")
+        res.add(S, f"{kind}_lost_after_faults", fig["lost"], "records", goal="0", check=lambda v: v == 0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=20_000)
@@ -158,6 +200,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--kills", type=int, default=5, help="reader SIGKILLs before the takeover (0: no fault run)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args()
     import ray
@@ -168,15 +211,21 @@ def main() -> None:
         ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False,
                  _node_ip_address="127.0.0.1")
         try:
-            figures = run(args, emu.endpoint, pathlib.Path(tmp))
+            got = figures(args, emu.endpoint, pathlib.Path(tmp))
+            if args.kills:
+                from .tables_faults import duplicates
+
+                ctx = argparse.Namespace(endpoint=emu.endpoint, children=[], log=lambda msg: print(msg, flush=True))
+                for kind, fig in duplicates(ctx, pathlib.Path(tmp) / "faults", kills=args.kills).items():
+                    got.update({f"{kind}_{k}": v for k, v in fig.items()})
         finally:
             ray.shutdown()
-    figures["load_average"] = round(os.getloadavg()[0], 1)
-    for key, value in figures.items():
+    got["load_average"] = round(os.getloadavg()[0], 1)
+    for key, value in got.items():
         print(f"{key:>26}: {value}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(figures, fh, indent=2)
+            json.dump(got, fh, indent=2)
 
 
 if __name__ == "__main__":

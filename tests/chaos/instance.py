@@ -6,6 +6,9 @@ Starts a new local Ray (``address="local"``: never the suite's cluster), a FileS
 and one subscription sharing the DynamoDB lease table ``T`` with the other instances.
 The sink appends ``n shard sequence_number epoch_s`` per record and flushes before it
 returns, so every acknowledged record is on disk even if the process tree is SIGKILLed.
+With ``--iceberg DIR`` the sink is an IcebergSink on the SQL catalog (SQLite) under ``DIR``
+instead (every instance given the same ``DIR`` writes one table); its last counters go to
+``FILE.stats.json`` at the close.
 Prints ``READY <json shard ids>`` once it holds ``--expect`` leases; SIGTERM closes it
 cleanly (checkpoint, release) and exits 0.
 """
@@ -35,6 +38,8 @@ def main() -> int:
     ap.add_argument("--lease-duration", type=float, default=10.0)
     ap.add_argument("--renew-interval", type=float, default=3.0)
     ap.add_argument("--poll-interval", type=float, default=2.0)
+    ap.add_argument("--iceberg", default=None, help="write to an IcebergSink with its SQLite catalog in this directory")
+    ap.add_argument("--commit-interval", type=float, default=2.0, help="the IcebergSink's commit_interval_s")
     ap.add_argument("--call-log", default=None, help="a FaultInjector directory (no rules): logs every AWS call")
     a = ap.parse_args()
 
@@ -63,7 +68,14 @@ def main() -> int:
             self.f.write("".join(f"{int(r.data)} {r.shard_id} {r.sequence_number} {now:.6f}\n" for r in records))
             self.f.flush()
 
-    sink = FileSink.remote(a.out)
+    if a.iceberg:
+        from pathlib import Path
+
+        from .tables import iceberg_sink
+
+        sink = iceberg_sink(Path(a.iceberg), a.commit_interval)
+    else:
+        sink = FileSink.remote(a.out)
     broker = KinesisBroker(endpoint=a.endpoint, region="us-east-1", test_credentials=True,
                            lease_store=DynamoLeaseStore(a.table, create_if_missing=True), owner_id=a.owner,
                            lease_duration_s=a.lease_duration, renew_interval_s=a.renew_interval)
@@ -86,6 +98,9 @@ def main() -> int:
     while not done.wait(0.5):
         pass
     sub.close()
+    if a.iceberg:
+        with open(f"{a.out}.stats.json", "w") as f:
+            json.dump(sink.close(), f, default=str)
     conn.shutdown()
     ray.shutdown()
     return 0

@@ -58,13 +58,13 @@ def create_stream(endpoint: str, name: str, shards: int = SHARDS) -> None:
 
 class InClusterRun:
     """One instance on the chaos cluster: broker, subscription (Coordinator on the head,
-    readers on the reader nodes), a RecordingSink on the head, the publisher and a
-    lease-table sampler."""
+    readers on the reader nodes), a RecordingSink on the head (or ``sink``: then its rows are
+    the caller's to read), the publisher and a lease-table sampler."""
 
     def __init__(self, endpoint: str, name: str, *, lease_s: float, renew_s: float, poll_s: float,
                  owner: str = "main", table: str | None = None, faults: FaultInjector | None = None,
                  with_processes: bool = False, max_leases_to_steal: int = 1, create: bool = True,
-                 publish: bool = True, shards: int = SHARDS) -> None:
+                 publish: bool = True, shards: int = SHARDS, sink: Any = None) -> None:
         self.endpoint, self.name, self.owner, self.shards = endpoint, name, owner, shards
         self.table = table or f"{name}-leases"
         self.lease_s, self.renew_s, self.poll_s = lease_s, renew_s, poll_s
@@ -77,7 +77,8 @@ class InClusterRun:
         if faults is not None:
             with_faults(broker, faults, lease_store=True)
         self.conn = broker.connect()
-        self.sink = RecordingSink.options(resources={"head": 0.01}).remote()
+        self.own_sink = sink is None  # else the caller's (a table sink: the subscription's close stops it)
+        self.sink = RecordingSink.options(resources={"head": 0.01}).remote() if sink is None else sink
         self.rows = SinkReader(self.sink, via=owner)
         self.publisher = NumberedPublisher(endpoint, name) if publish else None
         self.sampler = LeaseSampler(endpoint, self.table, name, with_processes=with_processes)
@@ -167,7 +168,8 @@ class InClusterRun:
                 self.sub.close()
         finally:
             self.conn.shutdown()
-            ray.kill(self.sink)
+            if self.own_sink:
+                ray.kill(self.sink)
 
     def last_renewal_before(self, t: float, shards: list[str]) -> float:
         """Epoch s of the last lease-counter change of ``shards`` seen before ``t``, minus one
@@ -422,7 +424,7 @@ class Instance:
 
     def __init__(self, endpoint: str, table: str, stream: str, owner: str, out: str, *, expect: int,
                  lease_s: float, renew_s: float, poll_s: float, max_leases: int | None = None,
-                 max_leases_to_steal: int = 1, call_log: str | None = None) -> None:
+                 max_leases_to_steal: int = 1, call_log: str | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self.owner, self.out = owner, out
         args = [sys.executable, "-m", "tests.chaos.instance", "--endpoint", endpoint, "--table", table,
                 "--stream", stream, "--owner", owner, "--out", out, "--expect", str(expect),
@@ -432,6 +434,7 @@ class Instance:
             args += ["--max-leases", str(max_leases)]
         if call_log is not None:
             args += ["--call-log", call_log]
+        args += list(extra_args)
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
         self.held: list[str] = []
@@ -478,6 +481,15 @@ def two_instances(endpoint: str, table: str, stream: str, tmp_path: Any, first: 
                 signal_tree(inst.proc.pid, signal.SIGKILL)
         raise
     return a, b, held
+
+
+def thaw_and_stop(publisher: NumberedPublisher, *instances: Instance | None) -> None:
+    """Stop publishing, then resume (SIGCONT: it may be stopped) and stop each instance started."""
+    publisher.stop()
+    for inst in instances:
+        if inst is not None:
+            signal_tree(inst.proc.pid, signal.SIGCONT)
+            inst.stop()
 
 
 def first_after(rows: list[Any], shard: str, t: float) -> Any:
@@ -602,11 +614,7 @@ def test_5_a_zombie_resumed_after_sigstop_writes_nothing(chaos_cluster: Any, emu
         assert not backwards, f"a checkpoint moved backwards: {backwards[:3]}"
         assert last_call_s <= renew_s, f"the zombie's readers still called AWS {last_call_s:.2f} s after resuming"
     finally:
-        publisher.stop()
-        for inst in (zombie, other):
-            if inst is not None:
-                signal_tree(inst.proc.pid, signal.SIGCONT)
-                inst.stop()
+        thaw_and_stop(publisher, zombie, other)
 
 
 # ------------------------------------------------------------------------- 6. stalled downstream

@@ -142,3 +142,77 @@ def test_two_instances_share_one_table_through_graceful_handoffs_and_write_each_
     committed = sink_a.close()["rows_committed"] + sink_b.close()["rows_committed"]
     assert committed == len(sent)
     check_checkpoints_behind_table(a, stream, sink_a)
+
+
+def test_a_catalog_that_refuses_commits_for_a_while_loses_and_repeats_nothing(
+        make_broker: Callable[..., KinesisBroker], unique: str, tmp_path: Path) -> None:
+    """Another connection holds the SQLite catalog's write lock (``BEGIN IMMEDIATE``) for a while:
+    every commit fails with SQLite's "database is locked" (reads still work), the committer keeps
+    the rows staged and retries, and once the lock is gone the table holds every record once."""
+    import sqlite3
+
+    stream = f"tables-lock-{unique}"
+    conn = make_broker(lease_store=DynamoLeaseStore(f"leases-{unique}", create_if_missing=True), owner_id="a")
+    sink = make_sink("iceberg", tmp_path, commit_interval_s=0.5)
+    sub = conn.subscribe(KinesisStream(stream, create_if_missing=2, start_at=StartAt.trim_horizon(), **POLL),
+                         sink=sink)
+    sent = publish(conn, stream, "a", 100)
+    wait_until(lambda: set(payloads(sink)) >= sent, timeout_s=45, what="the first records in the table")
+    lock = sqlite3.connect(str(tmp_path / "catalog.db"), isolation_level=None, timeout=30)
+    try:
+        lock.execute("BEGIN IMMEDIATE")  # the catalog's write lock: its commit's UPDATE cannot run
+        failures = sink.stats()["commit_failures"]
+        sent_locked = publish(conn, stream, "b", 200)
+        wait_until(lambda: sink.stats()["rows_staged"] >= 300, timeout_s=30, what="records staged")
+        wait_until(lambda: sink.stats()["commit_failures"] >= failures + 2, timeout_s=60,
+                   what="commits refused by the locked catalog")
+        assert not set(payloads(sink)) & sent_locked, "a commit landed through the catalog's lock"
+        assert "locked" in str(sink.stats()["last_error"]), sink.stats()["last_error"]
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    sent |= sent_locked | publish(conn, stream, "c", 100)
+    wait_until(lambda: set(payloads(sink)) >= sent, timeout_s=60, what="every record after the lock")
+    got = payloads(sink)
+    assert len(got) == len(sent) == 400, f"{len(got) - len(set(got))} duplicates"
+    check_checkpoints_behind_table(conn, stream, sink)
+    sub.close()
+    assert sink.close()["rows_committed"] == 400
+
+
+def test_staged_rows_stay_within_the_streams_byte_budget_while_the_catalog_refuses_commits(
+        make_broker: Callable[..., KinesisBroker], unique: str, tmp_path: Path) -> None:
+    """The committer stages at most the stream's ``max_buffered_bytes`` (plus the batches whose
+    staging is waiting): past it, staging (the acknowledgement) waits for a commit, so reading
+    stops while the catalog's write lock is held; afterwards every record lands once."""
+    import sqlite3
+
+    stream, budget, pad = f"tables-budget-{unique}", 256 << 10, "." * 1000
+    conn = make_broker(lease_store=DynamoLeaseStore(f"leases-{unique}", create_if_missing=True), owner_id="a")
+    sink = make_sink("iceberg", tmp_path, commit_interval_s=0.5)
+    sub = conn.subscribe(KinesisStream(stream, create_if_missing=2, start_at=StartAt.trim_horizon(), max_records=100,
+                                       max_buffered_bytes=budget, **POLL), sink=sink)
+    sent = publish(conn, stream, "a", 50)
+    wait_until(lambda: set(payloads(sink)) >= sent, timeout_s=45, what="the first records in the table")
+    assert sink.stats()["max_staged_bytes"] == budget
+    lock = sqlite3.connect(str(tmp_path / "catalog.db"), isolation_level=None, timeout=30)
+    try:
+        lock.execute("BEGIN IMMEDIATE")
+        failures = sink.stats()["commit_failures"]
+        big = [f"b-{i}{pad}" for i in range(2000)]  # ~2 MiB: 8 budgets
+        for i in range(0, len(big), 500):
+            conn.publisher(stream).put_many([(p.encode(), f"key-{i + j}") for j, p in enumerate(big[i:i + 500])])
+        wait_until(lambda: sink.stats()["commit_failures"] >= failures + 2, timeout_s=60,
+                   what="commits refused by the locked catalog")
+        staged = [sink.stats() for _ in range(5)]
+        assert max(s["staged_bytes"] for s in staged) <= 2 * budget, [s["staged_bytes"] for s in staged]
+        assert staged[-1]["rows_staged"] < 50 + len(big) // 2, "reading did not wait for room"
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    sent |= set(big)
+    wait_until(lambda: set(payloads(sink)) >= sent, timeout_s=90, what="every record after the lock")
+    got = payloads(sink)
+    assert len(got) == len(set(got)) == len(sent), f"{len(got) - len(set(got))} duplicates"
+    check_checkpoints_behind_table(conn, stream, sink)
+    sub.close()

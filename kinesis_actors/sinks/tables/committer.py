@@ -223,9 +223,10 @@ class TableCommitter:
     def stats(self) -> dict[str, Any]:
         """Counters (commits, rows_committed, conflicts, commit_failures, shards_refused,
         batches_staged, rows_staged, last_error, last_commit_s: the clock's seconds) plus
-        staged_bytes (Arrow bytes), shards (held) and positions (``"<stream>/<shard id>"`` ->
-        its committed sequence number)."""
-        return {**self.counters, "staged_bytes": self._staged_bytes, "shards": len(self._held),
+        staged_bytes (Arrow bytes), max_staged_bytes (its bound), shards (held) and positions
+        (``"<stream>/<shard id>"`` -> its committed sequence number)."""
+        return {**self.counters, "staged_bytes": self._staged_bytes, "max_staged_bytes": self.max_staged_bytes,
+                "shards": len(self._held),
                 "positions": {str(k): h.committed.sequence_number for k, h in self._held.items() if h.committed}}
 
     # ------------------------------------------------------------------ internals
@@ -364,6 +365,8 @@ class TableCommitter:
             self.counters["last_commit_s"] = self._clock()
             log.debug("table %s: committed %s", self.name, RoundRunner.describe(result))
         for key, shard in shards.items():
+            if key in result.dropped:
+                self.counters["shards_refused"] += 1  # also when its reader has released it meanwhile
             held = self._held.get(key)
             if held is None or held.counter != shard.counter:
                 continue  # released or re-opened by a newer owner meanwhile
@@ -374,7 +377,6 @@ class TableCommitter:
             if key in result.dropped:
                 held.lost = result.dropped[key]
                 self._drop_rows(held)
-                self.counters["shards_refused"] += 1
                 log.warning("table %s: %s refused (%s): a newer owner fenced it; its rows stay invisible",
                             self.name, key, held.lost)
             elif key in result.committed:

@@ -60,7 +60,7 @@ def to_rows(records: Sequence[Any], transform: Callable[[Any], Any] | None) -> A
 def _make_actor_class() -> Any:
     import ray
 
-    from .committer import TableCommitter
+    from .committer import DEFAULT_MAX_STAGED_BYTES, TableCommitter
 
     class TableCommitterActor:
         """Ray actor shell over :class:`TableCommitter` (async; table calls in a worker thread)."""
@@ -68,7 +68,8 @@ def _make_actor_class() -> Any:
         def __init__(self, sink: TableSink) -> None:
             logging.basicConfig(level=logging.INFO)
             self.core = TableCommitter(sink.backend(), commit_interval_s=sink.commit_interval_s,
-                                       create_if_missing=sink.create_if_missing)
+                                       create_if_missing=sink.create_if_missing,
+                                       max_staged_bytes=sink.max_staged_bytes or DEFAULT_MAX_STAGED_BYTES)
 
         async def open_shard(self, key: ShardKey, counter: int, timeout_s: float) -> TablePosition | None:
             return await self.core.open_shard(key, counter, timeout_s=timeout_s)
@@ -134,6 +135,7 @@ class TableSink:
         self.create_if_missing = create_if_missing
         self._actor: Any = None
         self.stream: str | None = None
+        self.max_staged_bytes: int | None = None
         self.final_stats: dict[str, Any] = {}
 
     def backend(self) -> TableBackend:
@@ -150,8 +152,14 @@ class TableSink:
         if not self.create_if_missing and backend.load() is None:
             raise InvalidError(f"table {backend.name} does not exist (create_if_missing=False)")
 
-    def start(self, stream: str) -> None:
+    def start(self, stream: str, max_staged_bytes: int | None = None) -> None:
         """Create the committer actor for the subscription of ``stream`` (Ray is running).
+
+        ``max_staged_bytes``: Arrow bytes the committer stages for all shards together before a
+        batch's staging (its acknowledgement) waits for a commit, which then starts at once
+        (``subscribe`` passes the stream's ``max_buffered_bytes``, one reader's byte budget;
+        None: 256 MiB). The waiting batch stays in its reader's byte budget, so a slow catalog
+        slows reading.
 
         Raises:
             InvalidError: this sink already serves a subscription (one committer per subscription).
@@ -163,6 +171,7 @@ class TableSink:
         if _ACTOR_CLASS is None:
             _ACTOR_CLASS = _make_actor_class()
         self.stream = stream
+        self.max_staged_bytes = max_staged_bytes
         self._actor = _ACTOR_CLASS.remote(self)
 
     def discard(self) -> None:
