@@ -28,7 +28,9 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any, Protocol
 
+from .. import mutation
 from ..records import Record
+from .engine import FAILED_LANE_IDLE, PARTIAL_ACKS_WHOLE
 from .gather import BatchGatherer
 from .options import DeliveryOptions
 
@@ -206,6 +208,8 @@ class ShardPipeline:
         been collected by :meth:`dispatch` or :meth:`wait` (which raise a lane's parked
         error): a failed lane never looks idle, so shard end cannot be
         written past its records."""
+        if mutation.on(FAILED_LANE_IDLE):
+            return not self.gathered and not self.in_flight
         return not self.gathered and all(lane.task is None for lane in self._lanes)
 
     def _may_start(self) -> bool:
@@ -276,6 +280,8 @@ class ShardPipeline:
 
         async def on_ack(n: int) -> None:
             nonlocal acked
+            if n < len(batch) and mutation.on(PARTIAL_ACKS_WHOLE):
+                n = len(batch)
             newly, acked = batch[acked:n], max(acked, n)
             self.tracker.ack(newly)
             self._acked(newly)
