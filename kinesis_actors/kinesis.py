@@ -117,7 +117,7 @@ class ShardPosition:
         if position.kind == "AFTER_SEQUENCE_NUMBER" and position.sequence_number is not None \
                 and position.sub_sequence_number is not None:
             self._skip_through = (seq_key(position.sequence_number), position.sub_sequence_number)
-        elif position.kind == "AFTER_SEQUENCE_NUMBER" and self._last is None and mutation.on(_SKIP_ONE):
+        elif position.kind == "AFTER_SEQUENCE_NUMBER" and self._last is None and _SKIP_ONE in mutation.ACTIVE:
             self._skip_through = _FIRST
         else:
             self._skip_through = None
@@ -327,7 +327,7 @@ class ShardFetcher(ShardPosition):
             if _is_expired_iterator(e):
                 self.expired_iterators += 1
                 self._iterator = None
-                if mutation.on(_EXPIRY_LATEST):
+                if _EXPIRY_LATEST in mutation.ACTIVE:
                     self.seek(StartAt.latest())
                 log.info("%s: iterator expired; reopening at %s", self.resource, self.position)
                 return None

@@ -184,7 +184,7 @@ class LeasePoll:
         """Whether ``shard`` may be read given the table's ``rows``: it was read before (a
         checkpoint on its own row), or every parent still listed is at ``SHARD_END``."""
         own = rows.get(shard.shard_id)
-        if (own is not None and own.checkpoint is not None) or mutation.on(_CHILD_FIRST):
+        if (own is not None and own.checkpoint is not None) or _CHILD_FIRST in mutation.ACTIVE:
             return True  # read before, so its parents were done (KCL deletes a finished parent's lease)
         for parent in shard.parent_shard_ids:
             if parent not in self.shards:

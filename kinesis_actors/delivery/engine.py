@@ -46,7 +46,6 @@ import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
-from .. import mutation
 from ..backoff import Backoff, Retry
 from ..errors import LeaseLostError, SinkError
 from ..records import Record
@@ -60,11 +59,6 @@ log = logging.getLogger(__name__)
 
 SINK_BACKOFF = Backoff(base_s=0.1, cap_s=10.0)
 """Waits between attempts of a failing sink: up to 0.1 s doubling to 10 s, full jitter."""
-
-FAILED_LANE_IDLE = mutation.register("lane_failure_shard_end", "a lane whose batch failed, uncollected, counts as idle")
-PARTIAL_ACKS_WHOLE = mutation.register("partial_ack_checkpoints_batch",
-                                       "a partial acknowledgement acknowledges the whole batch")
-"""Planted bugs of the lanes (:mod:`kinesis_actors.mutation`; both lane kinds)."""
 
 Deliver = Callable[[Sequence[Record]], Awaitable[Any]]
 OnAck = Callable[[int], Awaitable[None]]
@@ -316,8 +310,6 @@ class OneLane:
     @property
     def idle(self) -> bool:
         """Nothing held and no batch (running, or ended and not collected)."""
-        if mutation.on(FAILED_LANE_IDLE):
-            return not self.in_flight and not self._held
         return self._task is None and not self._held
 
     @property
@@ -364,12 +356,9 @@ class OneLane:
 
         async def on_ack(n: int) -> None:
             nonlocal done
-            partial = n < len(batch)
-            if partial and mutation.on(PARTIAL_ACKS_WHOLE):
-                n = len(batch)
             self._acked(batch[done:n])
             done = n
-            await self._checkpoint(batch[n - 1], partial)
+            await self._checkpoint(batch[n - 1], n < len(batch))
 
         await self._deliver(batch, on_ack)
         self.stats["batches"] = self.stats.get("batches", 0) + 1

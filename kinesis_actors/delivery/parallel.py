@@ -30,13 +30,15 @@ from typing import Any, Protocol
 
 from .. import mutation
 from ..records import Record
-from .engine import FAILED_LANE_IDLE, PARTIAL_ACKS_WHOLE
 from .gather import BatchGatherer
 from .options import DeliveryOptions
 
 __all__ = ["AckTracker", "ShardPipeline", "Lanes"]
 
 log = logging.getLogger(__name__)
+
+_FAILED_IDLE = mutation.register("lane_failure_shard_end",
+                                 "a failed lane is not collected by wait() and, uncollected, counts as idle")
 
 OnAck = Callable[[int], Awaitable[None]]
 DeliverBatch = Callable[[Sequence[Record], OnAck], Awaitable[Any]]
@@ -208,7 +210,7 @@ class ShardPipeline:
         been collected by :meth:`dispatch` or :meth:`wait` (which raise a lane's parked
         error): a failed lane never looks idle, so shard end cannot be
         written past its records."""
-        if mutation.on(FAILED_LANE_IDLE):
+        if _FAILED_IDLE in mutation.ACTIVE:
             return not self.gathered and not self.in_flight
         return not self.gathered and all(lane.task is None for lane in self._lanes)
 
@@ -280,8 +282,6 @@ class ShardPipeline:
 
         async def on_ack(n: int) -> None:
             nonlocal acked
-            if n < len(batch) and mutation.on(PARTIAL_ACKS_WHOLE):
-                n = len(batch)
             newly, acked = batch[acked:n], max(acked, n)
             self.tracker.ack(newly)
             self._acked(newly)
@@ -322,7 +322,8 @@ class ShardPipeline:
                 await asyncio.wait([*tasks, timer], return_when=asyncio.FIRST_COMPLETED)
             finally:
                 timer.cancel()
-        self._raise_parked()
+        if _FAILED_IDLE not in mutation.ACTIVE:
+            self._raise_parked()
 
     async def cancel(self) -> None:
         """Cancel the batches in flight and forget everything gathered (a seek, a lost lease)."""

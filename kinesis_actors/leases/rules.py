@@ -77,6 +77,15 @@ _BLIND_TAKE = mutation.register("take_without_counter_condition",
                                 "a take overwrites the row whatever owner and counter it holds by then")
 
 
+def _take_condition(table: LeaseTable, key: str, row: Row) -> tuple[str | None, int]:
+    """The condition of a take's write: the owner and counter of the ``row`` it judged. The
+    planted bug ``take_without_counter_condition`` reads the row again instead, so the write
+    holds for whatever the row is by then (an unconditional write, on every backend)."""
+    if _BLIND_TAKE in mutation.ACTIVE:
+        row = table.read(key) or row
+    return row.get(OWNER), int(row[COUNTER])
+
+
 class LeaseRules:
     """Every rule of the lease table over one :class:`~kinesis_actors.leases.rows.LeaseTable`.
 
@@ -200,9 +209,7 @@ class LeaseRules:
         if row is None or self._held_live_by_another(row, owner):
             return None
         fields, remove = take_fields(row, owner, duration_ms, self._expiry_ms(duration_ms), parents, identity)
-        if mutation.on(_BLIND_TAKE):  # the condition dropped: it holds for whatever the row is now
-            row = self._table.read(key) or row
-        new = self._table.update(key, row.get(OWNER), int(row[COUNTER]), fields, remove)
+        new = self._table.update(key, *_take_condition(self._table, key, row), fields, remove)
         if new is None:
             logger.debug("lease %s: %s lost the race to take it", key, owner)
             return None

@@ -73,8 +73,6 @@ metrics export, seconds at most (half the export interval when that is shorter).
 
 _S, _R = ConsumerState, StopReason
 
-_EARLY_CHECKPOINT = mutation.register("checkpoint_before_ack",
-                                      "a batch's last record is checkpointed before the sink call")
 _EARLY_SHARD_END = mutation.register("shard_end_before_last_ack", "SHARD_END is written with batches in flight")
 
 
@@ -358,7 +356,7 @@ class ShardConsumer:
                 if got is None:
                     continue
                 self._took(got)
-                if got.shard_end and (mutation.on(_EARLY_SHARD_END) or await self._drained()):
+                if got.shard_end and (_EARLY_SHARD_END in mutation.ACTIVE or await self._drained()):
                     self._request(Stop(StopReason.SHARD_END, why="read to its end"))
                     return
         finally:
@@ -416,8 +414,6 @@ class ShardConsumer:
     async def _sink(self, records: Sequence[Record]) -> Any:
         """The sink call: the lease is confirmed first (renewed when in doubt)."""
         await self.keeper.confirm()
-        if mutation.on(_EARLY_CHECKPOINT):
-            await self._checkpoint_after(records[-1])
         return await self._deliver(records)
 
     def _count_acked(self, records: Sequence[Record]) -> None:

@@ -175,7 +175,7 @@ class LeaseKeeper:
                     pass
                 raise
             except LeaseLostError:
-                if position is not None and mutation.on(_UNFENCED_CHECKPOINT):
+                if position is not None and _UNFENCED_CHECKPOINT in mutation.ACTIVE:
                     await self._io.store(self._overwrite, call, args)
                 self.mark_lost(f"{what} refused: the lease changed owner or counter")
                 raise
@@ -336,7 +336,7 @@ class LeaseKeeper:
                 continue  # a checkpoint written meanwhile renewed the lease: the next renewal is due later
             silent = now - self.last_sign_of_life()
             # the loop is stuck (a hung call): let the lease lapse
-            if silent > spec.lease_duration_s and not mutation.on(_NO_LIVENESS):
+            if silent > spec.lease_duration_s and _NO_LIVENESS not in mutation.ACTIVE:
                 log.warning("shard %s: read loop silent for %.1f s; not renewing", spec.shard_id, silent)
                 if self.in_doubt():
                     self.mark_lost("read loop stuck past the lease deadline")

@@ -166,7 +166,7 @@ async def shut_down(stop: Stop, spec: ReaderSpec, keeper: LeaseKeeper, checkpoin
         log.info("shard %s: read to its end; SHARD_END written, lease released", spec.shard_id)
         return stop
     try:  # close and handoff: the acknowledged records are checkpointed first
-        if not mutation.on(_EARLY_RELEASE):
+        if _EARLY_RELEASE not in mutation.ACTIVE:
             await checkpoints.flush()
     except LeaseLostError:
         raise
