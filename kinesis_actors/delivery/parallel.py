@@ -326,7 +326,7 @@ class ShardPipeline:
             self._raise_parked()
 
     async def cancel(self) -> None:
-        """Cancel the batches in flight and forget everything gathered (a seek, a lost lease)."""
+        """Cancel the batches in flight; forget everything gathered and a parked error (a seek, a lost lease)."""
         tasks = [lane.task for lane in self._lanes if lane.task is not None]
         for task in tasks:
             task.cancel()
@@ -336,5 +336,5 @@ class ShardPipeline:
             lane.task = None
         self._gatherer.drop()
         self.tracker.clear()
-        self._round_end = self._unwritten = None
+        self._round_end = self._unwritten = self._error = None
         self._note_in_flight()
