@@ -140,7 +140,7 @@ def test_a_batch_that_fails_while_a_seek_waits_for_the_fetch_fails_the_consumer(
     """A seek waits for the fetch running in its thread; the batch in flight fails meanwhile,
     where no wait of the lanes sees it. The wait for the batches in flight that follows
     raises its error: the consumer fails, instead of dropping the error with the lanes'
-    cancel and seeking on (to end cleanly at the next stop)."""
+    cancel, seeking on, and ending cleanly at the next stop."""
     shard, clock = FakeShard(10), FakeClock()
     fail_now = asyncio.Event()
     io = ThreadedFetchIo(clock)
@@ -167,10 +167,10 @@ def test_a_batch_that_fails_while_a_seek_waits_for_the_fetch_fails_the_consumer(
         while reader.keeper.call_started is not None:
             assert monotonic_s() < deadline, "the hung call did not return"
             await asyncio.sleep(0.001)
-        await clock.until(run.done, within_s=5.0, what="the consumer ending")
         await clock.finish(seek, within_s=5.0)
+        await clock.finish(reader.stop(), within_s=10.0)  # a stop after the failure raises it, never ends cleanly
         with pytest.raises(SinkError):
-            run.result()
+            await clock.finish(run, within_s=5.0)
 
     asyncio.run(main())
     assert reader.state is ConsumerState.FAILED
