@@ -9,7 +9,7 @@ import asyncio
 import importlib
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -17,14 +17,14 @@ import pytest
 from kinesis_actors import SinkError, StartAt, mutation
 from kinesis_actors.leases.protocol import SHARD_END
 from kinesis_actors.leases.rows import LocalRows, Row
-from kinesis_actors.reader import ConsumerState, ReaderSpec
+from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer
 from kinesis_actors.reader.lease import LeaseKeeper
 from kinesis_actors.testing import FakeClock, FakeKinesis, FakeShard, InlineIo, InProcessLeaseStore
 
 from .delivery_fakes import Sink
 from .test_hostile import coordinator, poll, shard
 from .test_hostile import finish as end_shard
-from .test_read_loop import make
+from .test_read_loop import fails_during_the_shard_end_fetch, make
 from .test_reader_core import SHARD, STREAM, Recorder, clock_of, finish, make_reader, run_until, until
 
 MODULES = ("kinesis_actors.kinesis", "kinesis_actors.delivery", "kinesis_actors.reader", "kinesis_actors.leases",
@@ -134,14 +134,7 @@ def test_lane_failure_shard_end(factor: int) -> None:
     ShardPipeline, ``parallelization_factor > 1``, writes it)."""
     def scenario() -> tuple[ConsumerState, str | None]:
         shard, clock = FakeShard(100, max_per_call=100), FakeClock()
-
-        async def sink(records: Any) -> None:
-            shard.closed = True  # the next GetRecords: no records, no next iterator
-            while len(shard.calls) < 2:  # the shard-end fetch is made while this batch is in flight
-                await clock.sleep(0.01)
-            raise RuntimeError("the sink gave up")
-
-        reader, store = make(shard, sink, clock, factor=factor)
+        reader, store = make(shard, fails_during_the_shard_end_fetch(shard, clock), clock, factor=factor)
 
         async def main() -> None:
             await clock.finish(reader.open(), within_s=5.0)
@@ -285,31 +278,42 @@ def test_take_without_counter_condition() -> None:
     assert taken_p.counter == renewed_p.counter, "two owners hold the same counter"
 
 
+Then = Callable[[FakeShard, InProcessLeaseStore, Recorder, ShardConsumer, FakeClock], Awaitable[None]]
+
+
+def past_checkpoint_5(then: Then, *, interval_s: float) -> tuple[ConsumerState, str | None, str | None]:
+    """A consumer (``min_checkpoint_interval_s=interval_s``) reads a shard of 5 records until
+    its row's checkpoint is 5; ``then(shard, store, sink, reader, clock)`` acts; the consumer
+    runs to its end. Returns its state and the row's owner and checkpoint."""
+    shard, store, sink = FakeShard(5), InProcessLeaseStore(), Recorder()
+    reader = make_reader(shard, store, sink, min_checkpoint_interval_s=interval_s)
+
+    async def main() -> ConsumerState:
+        clock = clock_of(reader)
+        await finish(clock, reader.open())
+        run = asyncio.create_task(reader.run())
+        await until(clock, lambda: store.get(STREAM, SHARD).checkpoint == "5", what="checkpoint 5")
+        await then(shard, store, sink, reader, clock)
+        return await finish(clock, run)
+
+    state = asyncio.run(main())
+    row = store.get(STREAM, SHARD)
+    return state, row.owner, row.checkpoint
+
+
 def test_checkpoint_after_lost_lease() -> None:
     """A's lease is taken by B (it expired as B saw it); A's next checkpoint is refused and A
     writes nothing more (the planted bug writes it over B's row)."""
-    def scenario() -> tuple[ConsumerState, str | None, str | None]:
+    async def taken(shard: FakeShard, store: InProcessLeaseStore, sink: Recorder, reader: ShardConsumer,
+                    clock: FakeClock) -> None:
         clock_b = FakeClock()
-        shard, store, sink = FakeShard(5), InProcessLeaseStore(), Recorder()
-        reader = make_reader(shard, store, sink, min_checkpoint_interval_s=0)
         thief = store.peer(clock=clock_b)
+        thief.get(STREAM, SHARD)
+        clock_b.advance(3.0)  # counter unchanged for a lease duration, as the thief sees it
+        assert thief.take(STREAM, SHARD, owner="thief", duration_s=2.0) is not None
+        shard.add(3)
 
-        async def main() -> ConsumerState:
-            clock = clock_of(reader)
-            await finish(clock, reader.open())
-            run = asyncio.create_task(reader.run())
-            await until(clock, lambda: store.get(STREAM, SHARD).checkpoint == "5", what="checkpoint 5")
-            thief.get(STREAM, SHARD)
-            clock_b.advance(3.0)
-            assert thief.take(STREAM, SHARD, owner="thief", duration_s=2.0) is not None
-            shard.add(3)
-            return await finish(clock, run)
-
-        state = asyncio.run(main())
-        row = store.get(STREAM, SHARD)
-        return state, row.owner, row.checkpoint
-
-    clean, broken = both(scenario, "checkpoint_after_lost_lease")
+    clean, broken = both(lambda: past_checkpoint_5(taken, interval_s=0), "checkpoint_after_lost_lease")
     assert clean == (ConsumerState.LOST, "thief", "5")
     assert broken == (ConsumerState.LOST, "thief", "8")
 
@@ -317,27 +321,16 @@ def test_checkpoint_after_lost_lease() -> None:
 def test_handoff_release_before_checkpoint() -> None:
     """A handoff checkpoints what was acknowledged before the row changes hands (the planted
     bug hands it over at the last checkpoint written, so the receiver reads 6..8 again)."""
-    def scenario() -> tuple[ConsumerState, str | None, str | None]:
-        shard, store, sink = FakeShard(5), InProcessLeaseStore(), Recorder()
-        reader = make_reader(shard, store, sink, min_checkpoint_interval_s=60.0)  # the first write, then 1 a minute
-
-        async def main() -> ConsumerState:
-            clock = clock_of(reader)
-            await finish(clock, reader.open())
-            run = asyncio.create_task(reader.run())
-            await until(clock, lambda: store.get(STREAM, SHARD).checkpoint == "5", what="checkpoint 5")
-            shard.add(3)
-            await until(clock, lambda: 8 in sink.seqs, what="records 6..8 acknowledged")
-            row = store.get(STREAM, SHARD)
-            assert row.checkpoint == "5", "6..8 are acknowledged, not checkpointed yet"
-            assert store.request_handoff(STREAM, SHARD, owner="thief", expect_counter=row.counter)
-            assert reader.request_handoff("thief")
-            return await finish(clock, run)
-
-        state = asyncio.run(main())
+    async def handoff(shard: FakeShard, store: InProcessLeaseStore, sink: Recorder, reader: ShardConsumer,
+                      clock: FakeClock) -> None:
+        shard.add(3)
+        await until(clock, lambda: 8 in sink.seqs, what="records 6..8 acknowledged")
         row = store.get(STREAM, SHARD)
-        return state, row.owner, row.checkpoint
+        assert row.checkpoint == "5", "6..8 are acknowledged, not checkpointed yet"
+        assert store.request_handoff(STREAM, SHARD, owner="thief", expect_counter=row.counter)
+        assert reader.request_handoff("thief")
 
-    clean, broken = both(scenario, "handoff_release_before_checkpoint")
+    # the first checkpoint is written at once, the next ones at most once a minute
+    clean, broken = both(lambda: past_checkpoint_5(handoff, interval_s=60.0), "handoff_release_before_checkpoint")
     assert clean == (ConsumerState.HANDED_OVER, "thief", "8")
     assert broken == (ConsumerState.HANDED_OVER, "thief", "5")

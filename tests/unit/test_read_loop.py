@@ -19,16 +19,33 @@ from kinesis_actors.testing import FakeClock, FakeShard, InlineIo, InProcessLeas
 STREAM, SHARD = "s", "shardId-000000000000"
 
 
-def make(shard: FakeShard, sink: Any, clock: FakeClock, *, factor: int) -> tuple[ShardConsumer, InProcessLeaseStore]:
+def make(shard: FakeShard, sink: Any, clock: FakeClock, *, factor: int, io: InlineIo | None = None,
+         min_checkpoint_interval_s: float | None = None) -> tuple[ShardConsumer, InProcessLeaseStore]:
+    """A consumer of ``factor`` lanes (no sink retries) over ``shard`` on ``clock``, its blocking
+    calls made by ``io`` (default: inline on ``clock``)."""
     store = InProcessLeaseStore()
     lease = store.take(STREAM, SHARD, owner="me", duration_s=2.0)
     assert lease is not None
     shard.clock = clock
     spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=StartAt.trim_horizon(),
                       lease_duration_s=2.0, renew_interval_s=0.2, max_records=100, idle_wait_s=0.01,
+                      min_checkpoint_interval_s=min_checkpoint_interval_s,
                       delivery=DeliveryOptions(parallelization_factor=factor, max_sink_retries=0))
-    reader = ShardConsumer(spec, lease, store, sink, shard, clock=clock, sleep=clock.sleep, io=InlineIo(clock))
+    reader = ShardConsumer(spec, lease, store, sink, shard, clock=clock, sleep=clock.sleep,
+                           io=io or InlineIo(clock))
     return reader, store
+
+
+def fails_during_the_shard_end_fetch(shard: FakeShard, clock: FakeClock) -> Any:
+    """A sink whose batch fails once the next fetch, made while it is in flight, found the
+    shard's end with no records."""
+    async def sink(records: Any) -> None:
+        shard.closed = True  # the next GetRecords: no records, no next iterator
+        while len(shard.calls) < 2:  # the shard-end fetch is made while this batch is in flight
+            await clock.sleep(0.01)
+        raise RuntimeError("the sink gave up")
+
+    return sink
 
 
 @pytest.mark.parametrize("factor", [1, 2])
@@ -37,14 +54,7 @@ def test_a_batch_failing_during_the_empty_shard_end_fetch_never_lets_shard_end_b
     with no records: the consumer fails, and SHARD_END is never written past the batch."""
     shard, clock = FakeShard(100, max_per_call=100), FakeClock()
     written: list[str] = []
-
-    async def sink(records: Any) -> None:
-        shard.closed = True  # the next GetRecords: no records, no next iterator
-        while len(shard.calls) < 2:  # the shard-end fetch is made while this batch is in flight
-            await clock.sleep(0.01)
-        raise RuntimeError("the sink gave up")
-
-    reader, store = make(shard, sink, clock, factor=factor)
+    reader, store = make(shard, fails_during_the_shard_end_fetch(shard, clock), clock, factor=factor)
     original = store.checkpoint
 
     def spy(lease: Any, seq: str, **kw: Any) -> Any:
@@ -107,22 +117,6 @@ def test_every_live_state_names_its_task_and_a_move_for_every_stop_reason() -> N
     assert all(TRANSITIONS[s] == frozenset(BEHAVIOURS[s].next.values()) for s in ConsumerState)
 
 
-def seeking_consumer(shard: FakeShard, sink: Any, clock: FakeClock, *, factor: int,
-                     io: InlineIo | None = None) -> tuple[ShardConsumer, InProcessLeaseStore]:
-    """A consumer of ``factor`` lanes that checkpoints every acknowledged batch, its blocking
-    calls made by ``io`` (default: inline on ``clock``)."""
-    store = InProcessLeaseStore()
-    lease = store.take(STREAM, SHARD, owner="me", duration_s=2.0)
-    assert lease is not None
-    shard.clock = clock
-    spec = ReaderSpec(stream=STREAM, shard_id=SHARD, owner_id="me", start_at=StartAt.trim_horizon(),
-                      lease_duration_s=2.0, renew_interval_s=0.2, max_records=100, idle_wait_s=0.01,
-                      min_checkpoint_interval_s=0,
-                      delivery=DeliveryOptions(parallelization_factor=factor, max_sink_retries=0))
-    return ShardConsumer(spec, lease, store, sink, shard, clock=clock, sleep=clock.sleep,
-                         io=io or InlineIo(clock)), store
-
-
 class ThreadedFetchIo(InlineIo):
     """InlineIo whose Kinesis calls run in a thread while :attr:`threaded`: a GetRecords that
     hangs there is a call running (ReaderIo's pool), which a seek must wait for."""
@@ -151,7 +145,7 @@ def test_a_batch_that_fails_while_a_seek_waits_for_the_fetch_fails_the_consumer(
             await fail_now.wait()
             raise RuntimeError("the sink gave up")
 
-    reader, store = seeking_consumer(shard, sink, clock, factor=factor, io=io)
+    reader, store = make(shard, sink, clock, factor=factor, io=io, min_checkpoint_interval_s=0)
 
     async def main() -> None:
         await clock.finish(reader.open(), within_s=5.0)
@@ -190,7 +184,7 @@ def test_a_seek_with_records_gathered_leaves_the_tracker_nothing_dropped(factor:
         await clock.sleep(0.5)
         got.extend(int(r.sequence_number) for r in records)
 
-    reader, store = seeking_consumer(shard, sink, clock, factor=factor)
+    reader, store = make(shard, sink, clock, factor=factor, min_checkpoint_interval_s=0)
 
     async def main() -> None:
         await clock.finish(reader.open(), within_s=5.0)
