@@ -10,11 +10,13 @@ import importlib
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kinesis_actors import SinkError, StartAt, mutation
+from kinesis_actors.errors import LeaseLostError
 from kinesis_actors.leases.protocol import SHARD_END
 from kinesis_actors.leases.rows import LocalRows, Row
 from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer
@@ -22,13 +24,15 @@ from kinesis_actors.reader.lease import LeaseKeeper
 from kinesis_actors.testing import FakeClock, FakeKinesis, FakeShard, InlineIo, InProcessLeaseStore
 
 from .delivery_fakes import Sink
+from .table_fixtures import make_backend, scan
 from .test_hostile import coordinator, poll, shard
 from .test_hostile import finish as end_shard
 from .test_read_loop import fails_during_the_shard_end_fetch, make
 from .test_reader_core import SHARD, STREAM, Recorder, clock_of, finish, make_reader, run_until, until
+from .test_table_commit import S0, committer, numbers, stage
 
 MODULES = ("kinesis_actors.kinesis", "kinesis_actors.delivery", "kinesis_actors.reader", "kinesis_actors.leases",
-           "kinesis_actors.coordinator")
+           "kinesis_actors.coordinator", "kinesis_actors.sinks.tables")
 """The modules that hold the mutated lines (each registers its mutants at import)."""
 
 
@@ -60,7 +64,7 @@ def test_every_mutant_named_in_issue_38_is_declared_and_planting_an_unknown_one_
     named = {"checkpoint_before_ack", "renew_without_liveness_check", "shard_end_before_last_ack",
              "take_without_counter_condition", "handoff_release_before_checkpoint", "child_before_parent_end",
              "lane_failure_shard_end", "resume_skips_one", "checkpoint_after_lost_lease",
-             "partial_ack_checkpoints_batch", "iterator_expiry_restarts_latest"}
+             "partial_ack_checkpoints_batch", "iterator_expiry_restarts_latest", "table_commit_without_fence"}
     assert named <= set(mutation.MUTANTS), sorted(named - set(mutation.MUTANTS))
     with pytest.raises(ValueError, match="unknown mutants"), mutation.planted("no_such_mutant"):
         pass
@@ -334,3 +338,35 @@ def test_handoff_release_before_checkpoint() -> None:
     clean, broken = both(lambda: past_checkpoint_5(handoff, interval_s=60.0), "handoff_release_before_checkpoint")
     assert clean == (ConsumerState.HANDED_OVER, "thief", "8")
     assert broken == (ConsumerState.HANDED_OVER, "thief", "5")
+
+
+# ----------------------------------------------------------------------------- table sinks
+def test_table_commit_without_fence(tmp_path: Path) -> None:
+    """An old owner's late commit of a shard that a newer owner fenced is refused, so each record
+    is in the table once (the planted bug commits it: records 10..19 twice)."""
+    def scenario() -> tuple[list[int], bool]:
+        where = tmp_path / f"t{len(list(tmp_path.iterdir()))}"
+        where.mkdir()
+        backend = make_backend("delta", where)
+
+        async def main() -> bool:
+            old, new = committer(backend), committer(make_backend("delta", where))
+            await old.open_shard(S0, 3)
+            await stage(old, S0, 3, 0, 10)
+            await old.flush_shard(S0, 3)  # creates the table: 0..9
+            await stage(old, S0, 3, 10, 10)  # acknowledged, not committed: the old owner freezes here
+            await new.open_shard(S0, 4)  # the new owner fences the shard and commits 10..19
+            await stage(new, S0, 4, 10, 10)
+            await new.flush_shard(S0, 4)
+            try:
+                await old.flush_shard(S0, 3)  # the old owner thaws and commits
+            except LeaseLostError:
+                return True
+            return False
+
+        refused = asyncio.run(main())
+        return numbers(scan(backend), S0.shard_id), refused
+
+    clean, broken = both(scenario, "table_commit_without_fence")
+    assert clean == (list(range(20)), True)
+    assert broken[0] == sorted(list(range(20)) + list(range(10, 20)))
