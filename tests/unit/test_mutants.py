@@ -18,7 +18,6 @@ import pytest
 from kinesis_actors import SinkError, StartAt, mutation
 from kinesis_actors.errors import LeaseLostError
 from kinesis_actors.leases.protocol import SHARD_END
-from kinesis_actors.leases.rows import LocalRows, Row
 from kinesis_actors.reader import ConsumerState, ReaderSpec, ShardConsumer
 from kinesis_actors.reader.lease import LeaseKeeper
 from kinesis_actors.testing import FakeClock, FakeKinesis, FakeShard, InlineIo, InProcessLeaseStore
@@ -247,34 +246,20 @@ def test_renew_without_liveness_check() -> None:
     assert lost_planted is None and counter_planted > 6.0 / 0.2 / 2, "renewed all along"
 
 
-class RacingRows(LocalRows):
-    """A table whose next ``read`` runs ``between`` after reading: a write by someone else
-    lands between a caller's read and its conditional write."""
-
-    between: Callable[[], None] | None = None
-
-    def read(self, key: str) -> Row | None:
-        row = super().read(key)
-        hook, self.between = self.between, None
-        if hook is not None:
-            hook()
-        return row
-
-
 def test_take_without_counter_condition() -> None:
-    """B judges A's lease expired from a read; A renews before B's write lands: B's take is
-    refused (the planted bug overwrites the row: two owners of one counter)."""
+    """B's lease poll saw A's counter unchanged for a lease duration; A renews before B's take:
+    B's take is refused (the planted bug judges the row as listed and overwrites it: two owners
+    of one counter)."""
     def scenario() -> tuple[Any, Any]:
-        rows, clock_a, clock_b = RacingRows(), FakeClock(), FakeClock()
-        a = InProcessLeaseStore(rows, clock=clock_a)
+        clock_a, clock_b = FakeClock(), FakeClock()
+        a = InProcessLeaseStore(clock=clock_a)
         b = a.peer(clock=clock_b)
         held = a.take(STREAM, SHARD, owner="a", duration_s=2.0)
-        assert held is not None and b.get(STREAM, SHARD) is not None  # B notes counter 1 ...
+        assert held is not None and b.list(STREAM)  # B's poll lists counter 1 ...
         clock_b.advance(3.0)  # ... which has not moved for a lease duration, as B sees it
-        renewed: list[Any] = []
-        rows.between = lambda: renewed.append(a.renew(held))
-        taken = b.take(STREAM, SHARD, owner="b", duration_s=2.0)
-        return renewed[0], taken
+        assert b.is_expired(held)
+        renewed = a.renew(held)  # A was slow, not dead: it renews before B's take
+        return renewed, b.take(STREAM, SHARD, owner="b", duration_s=2.0)
 
     (renewed, taken), (renewed_p, taken_p) = both(scenario, "take_without_counter_condition")
     assert taken is None and renewed.owner == "a"
