@@ -11,8 +11,8 @@ record. A mutant of the lanes (``checkpoint_before_ack``, ``partial_ack_checkpoi
 is read when a consumer builds its lanes: plant it before the consumer is created.
 
 Each module registers its mutants at import: :func:`planted` knows the names of the modules
-imported so far (``kinesis_actors.reader``, ``kinesis_actors.coordinator``,
-``kinesis_actors.leases`` and ``kinesis_actors.kinesis`` hold them all).
+imported so far (``kinesis_actors.kinesis``, ``.leases``, ``.delivery``, ``.reader``,
+``.coordinator`` and ``.sinks.tables`` hold them all).
 
 Why in the library and not monkeypatched from outside: a mutant must break the code users
 run, at the line that holds the guarantee, and stay in place as that code changes; a patch
