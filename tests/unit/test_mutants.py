@@ -309,9 +309,20 @@ def test_checkpoint_after_lost_lease() -> None:
 
 def test_handoff_release_before_checkpoint() -> None:
     """A handoff checkpoints what was acknowledged before the row changes hands (the planted
-    bug hands it over at the last checkpoint written, so the receiver reads 6..8 again)."""
+    bug hands it over at checkpoint 5, so a receiver may read 6..8 again, then writes checkpoint
+    8 over the row it gave away)."""
+    handed: list[str | None] = []
+
     async def handoff(shard: FakeShard, store: InProcessLeaseStore, sink: Recorder, reader: ShardConsumer,
                       clock: FakeClock) -> None:
+        hand_over = store.hand_over
+
+        def spy(lease: Any, **kw: Any) -> Any:
+            new = hand_over(lease, **kw)
+            handed.append(new.checkpoint)
+            return new
+
+        store.hand_over = spy  # type: ignore[method-assign]
         shard.add(3)
         await until(clock, lambda: 8 in sink.seqs, what="records 6..8 acknowledged")
         row = store.get(STREAM, SHARD)
@@ -321,8 +332,8 @@ def test_handoff_release_before_checkpoint() -> None:
 
     # the first checkpoint is written at once, the next ones at most once a minute
     clean, broken = both(lambda: past_checkpoint_5(handoff, interval_s=60.0), "handoff_release_before_checkpoint")
-    assert clean == (ConsumerState.HANDED_OVER, "thief", "8")
-    assert broken == (ConsumerState.HANDED_OVER, "thief", "5")
+    assert clean == broken == (ConsumerState.HANDED_OVER, "thief", "8")
+    assert handed == ["8", "5"], "the row changed hands at checkpoint 8 (unplanted), at 5 (planted)"
 
 
 # ----------------------------------------------------------------------------- table sinks
