@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from .. import mutation
 from ..clock import Clock, WallClock, monotonic_s, wall_s
 from ..errors import InvalidError, LeaseLostError, LeaseStoreError
 from .protocol import Instance, Lease, TableSnapshot
@@ -71,6 +72,26 @@ from .rows import (
 __all__ = ["LeaseRules"]
 
 logger = logging.getLogger("kinesis_actors.leases")
+
+_BLIND_TAKE = mutation.register("take_without_counter_condition",
+                                "a take judges the row as last listed and overwrites whatever it holds by then")
+
+
+def _as_listed(row: Row, expiry: ExpiryObserver) -> Row:
+    """The row a take judges: ``row``, as just read. The planted bug ``take_without_counter_condition``
+    judges the counter this store saw at its last read (the poll's listing, as KCL's take does)
+    and writes its counter + 1 without a condition (:func:`_take_condition`): a renewal since the
+    listing is overwritten, and two owners hold one counter."""
+    seen = expiry.last_counter(row[KEY]) if _BLIND_TAKE in mutation.ACTIVE else None
+    return row if seen is None else {**row, COUNTER: seen}
+
+
+def _take_condition(table: LeaseTable, key: str, row: Row) -> tuple[str | None, int]:
+    """The condition of a take's write: the owner and counter of the ``row`` it judged. The
+    planted bug reads the row again instead: the write holds for whatever the row is by then."""
+    if _BLIND_TAKE in mutation.ACTIVE:
+        row = table.read(key) or row
+    return row.get(OWNER), int(row[COUNTER])
 
 
 class LeaseRules:
@@ -193,10 +214,10 @@ class LeaseRules:
                 self._expiry.note(item)
                 return row_to_lease(item)
             row = self._table.read(key)  # lost the creation race: judge the winner's row
-        if row is None or self._held_live_by_another(row, owner):
+        if row is None or self._held_live_by_another(row := _as_listed(row, self._expiry), owner):
             return None
         fields, remove = take_fields(row, owner, duration_ms, self._expiry_ms(duration_ms), parents, identity)
-        new = self._table.update(key, row.get(OWNER), int(row[COUNTER]), fields, remove)
+        new = self._table.update(key, *_take_condition(self._table, key, row), fields, remove)
         if new is None:
             logger.debug("lease %s: %s lost the race to take it", key, owner)
             return None

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from .. import mutation
 from ..errors import KinesisError, LeaseLostError, SinkError
 from ..leases.protocol import SHARD_END, Lease
 from ..records import StartAt
@@ -26,6 +27,9 @@ from .states import Stop, StopReason
 __all__ = ["resume_position", "initialize", "finish_sink", "shut_down", "leave_after_failure", "seek"]
 
 log = logging.getLogger("kinesis_actors.reader")
+
+_EARLY_RELEASE = mutation.register("handoff_release_before_checkpoint",
+                                   "a handoff or release lets the lease go, then writes its last checkpoint")
 
 T = TypeVar("T")
 AwaitAlive = Callable[[Awaitable[T]], Awaitable[T]]
@@ -161,8 +165,10 @@ async def shut_down(stop: Stop, spec: ReaderSpec, keeper: LeaseKeeper, checkpoin
         await keeper.write("release", lambda lease: store.release(lease))
         log.info("shard %s: read to its end; SHARD_END written, lease released", spec.shard_id)
         return stop
+    late = _EARLY_RELEASE in mutation.ACTIVE
     try:  # close and handoff: the acknowledged records are checkpointed first
-        await checkpoints.flush()
+        if not late:
+            await checkpoints.flush()
     except LeaseLostError:
         raise
     except KinesisError as e:
@@ -174,14 +180,28 @@ async def shut_down(stop: Stop, spec: ReaderSpec, keeper: LeaseKeeper, checkpoin
         if to is not None:
             await keeper.write("hand-over", lambda lease: store.hand_over(lease, to=to))
             log.info("shard %s: handed over to %s at checkpoint %s", spec.shard_id, to, keeper.lease.checkpoint)
+            if late:
+                await _checkpoint_late(checkpoints)
             return stop
         await keeper.write("release", lambda lease: store.release(lease))
+        if late:
+            await _checkpoint_late(checkpoints)
     except LeaseLostError:
         raise
     except KinesisError as e:
         log.warning("shard %s: %s failed (%s); the lease will expire", spec.shard_id,
                     "hand-over" if to else "release", e)
     return stop if stop.reason is StopReason.REQUESTED else Stop(StopReason.REQUESTED, why="released, not handed over")
+
+
+async def _checkpoint_late(checkpoints: CheckpointPacer) -> None:
+    """The planted bug ``handoff_release_before_checkpoint``: the last checkpoint, written after
+    the lease was handed over or released (with the Lease that write returned: after a hand-over
+    it lands unless the receiver wrote first)."""
+    try:
+        await checkpoints.flush()
+    except Exception as e:  # released (no owner), or the receiver wrote first
+        log.info("planted late checkpoint refused (%r)", e)
 
 
 async def _current_asker(asker: str | None, spec: ReaderSpec, keeper: LeaseKeeper,

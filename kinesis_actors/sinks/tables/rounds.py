@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from ... import mutation
 from ...errors import SinkError
 from ..hooks import Point
 from .backend import CommitConflict, TableBackend
@@ -38,6 +39,9 @@ from .positions import COMMIT_ID_KEY, ShardKey, TablePosition, decode_positions,
 __all__ = ["RoundShard", "RoundResult", "RoundRunner", "concat_rows"]
 
 log = logging.getLogger("kinesis_actors.sinks.tables")
+
+_NO_FENCE = mutation.register("table_commit_without_fence",
+                              "a commit keeps the rows of a shard fenced by a newer owner's lease counter")
 
 
 @dataclasses.dataclass
@@ -178,7 +182,7 @@ class RoundRunner:
         for key, shard in shards.items():
             seen = self.known.get(key)
             result.seen[key] = seen
-            if seen is not None and seen.lease_counter > shard.counter:
+            if seen is not None and seen.lease_counter > shard.counter and _NO_FENCE not in mutation.ACTIVE:
                 result.dropped[key] = "stale"
                 continue
             if (seen is not None and seen.lease_counter < shard.counter and not shard.fenced
