@@ -1,0 +1,124 @@
+"""The simulated lease table and the I/O seams through which each simulated process reaches it.
+
+:class:`SimRows` is a :class:`~kinesis_actors.leases.rows.LocalRows` (DynamoDB's conditional-write
+semantics: each primitive atomic, ``update`` applied only when owner and counter match) that
+records every accepted write in the history, with the simulated process that made it.
+
+:class:`SimIo` is one simulated process's I/O: the reader's ``io`` seam (``kinesis``, ``store``,
+``stream``) and the Coordinator's ``io`` callable. Each call runs inline on the virtual loop
+(no thread); lease-table calls wait half their latency before and half after the primitive (a
+write that lands while its caller dies), and fail (before: nothing written; after: written, the
+response lost) or are refused while the process's instance is partitioned from the table, as
+the faults decide. Kinesis calls wait their latency (longer while a stall lasts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from kinesis_actors.errors import LeaseStoreError
+from kinesis_actors.leases.rows import CHECKPOINT, COUNTER, NEXT_OWNER, OWNER, START_POSITION, LocalRows, Row, is_shard_row
+
+__all__ = ["SimRows", "SimIo"]
+
+
+class SimRows(LocalRows):
+    """A lease table in this process that records each accepted shard-row write.
+
+    Args:
+        record: ``record(kind, **fields)`` (the history's ``add``).
+    """
+
+    def __init__(self, record: Callable[..., None]) -> None:
+        super().__init__()
+        self._record = record
+        self.writer = "?"  # the simulated process whose call runs now (set by SimIo)
+
+    def put_new(self, row: Mapping[str, Any]) -> bool:
+        """See ``LocalRows.put_new``; a created shard row is recorded."""
+        done = super().put_new(row)
+        if done and is_shard_row(row):
+            self._write(None, dict(row))
+        return done
+
+    def update(self, key: str, expect_owner: str | None, expect_counter: int, set_fields: Mapping[str, Any],
+               remove_fields: Iterable[str] = (), check_owner: bool = True) -> Row | None:
+        """See ``LocalRows.update``; an accepted change of a shard row is recorded."""
+        before = self.read(key)
+        new = super().update(key, expect_owner, expect_counter, set_fields, remove_fields, check_owner)
+        if new is not None and before is not None and is_shard_row(new):
+            self._write(before, new, expect_owner=expect_owner, expect_counter=expect_counter,
+                        check_owner=check_owner)
+        return new
+
+    def _write(self, before: Row | None, after: Row, **how: Any) -> None:
+        b = before or {}
+        self._record("write", who=self.writer, shard=after.get("shard_id"), owner=after.get(OWNER),
+                     counter=after.get(COUNTER), checkpoint=after.get(CHECKPOINT), next=after.get(NEXT_OWNER),
+                     was_owner=b.get(OWNER), was_counter=b.get(COUNTER), was_checkpoint=b.get(CHECKPOINT),
+                     was_next=b.get(NEXT_OWNER), start=after.get(START_POSITION), **how)
+
+
+class SimIo:
+    """The I/O of one simulated process (a reader or a Coordinator) of instance ``instance``.
+
+    Args:
+        world: the :class:`~.world.World` (its faults, rows and random source).
+        instance: the instance (owner id) this process belongs to.
+        who: this process's name in the history (``"a/r1"``, ``"a/coord"``).
+    """
+
+    def __init__(self, world: Any, instance: str, who: str) -> None:
+        self.world, self.instance, self.who = world, instance, who
+        self.dead = False  # a killed process: every later call of it ends its task (nothing reaches the world)
+
+    def _alive(self) -> None:
+        if self.dead:
+            raise asyncio.CancelledError(f"{self.who} is dead")
+
+    async def _table(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        self._alive()
+        w = self.world
+        latency = w.faults.table_latency_s(self.instance)
+        await w.sleep(latency / 2)
+        if w.faults.partitioned(self.instance) or w.chance(w.faults.table_fail_before):
+            raise LeaseStoreError(f"simulated: table unreachable from {self.instance}", retriable=True)
+        self._alive()
+        w.rows.writer = self.who
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            w.rows.writer = "?"
+        await w.sleep(latency / 2)
+        if w.chance(w.faults.table_fail_after):
+            raise LeaseStoreError("simulated: the table's response was lost", retriable=True)
+        return result
+
+    async def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """The Coordinator's ``io``: lease-store calls as :meth:`store`, the rest (``ListShards``) inline."""
+        if getattr(getattr(fn, "__self__", None), "rows", None) is not None:
+            return await self._table(fn, args, kwargs)
+        self._alive()
+        await self.world.sleep(0.005)
+        self._alive()
+        return fn(*args, **kwargs)
+
+    async def store(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A lease-store call (see the module docstring)."""
+        return await self._table(fn, args, {})
+
+    async def kinesis(self, fn: Callable[..., Any], *args: Any, limited: bool = True, shard: str | None = None) -> Any:
+        """A Kinesis call: waits its latency (until a stall of ``shard`` ends), then runs."""
+        self._alive()
+        await self.world.sleep(self.world.faults.kinesis_delay_s(shard))
+        self._alive()
+        return fn(*args)
+
+    async def stream(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A blocking call of a stream (enhanced fan-out: not simulated), inline."""
+        return fn(*args)
+
+    def note_renewal(self, latency_s: float, renew_interval_s: float) -> None:
+        """No call limit in the simulation."""
