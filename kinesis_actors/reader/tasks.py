@@ -37,6 +37,17 @@ before the consumer fails instead of writing ``SHARD_END`` (a sink that cannot f
 table whose catalog stays down that long: the next owner reads the shard again)."""
 
 
+LATEST_CLOCK_MARGIN_S = 5.0
+"""How much earlier than this host's wall clock a first open at ``LATEST`` records its
+``start_position`` (``AT_TIMESTAMP``), seconds. ``AT_TIMESTAMP`` is judged by AWS against each
+record's ``ApproximateArrivalTimestamp`` (the service's clock), so a host clock ahead of the
+service's by ``d`` would record a position ``d`` after the ``LATEST`` iterator actually read, and a
+replacement opening there before any checkpoint (or this reader, after its first iterator
+expired) would skip the records of those ``d`` seconds. Recording earlier costs at most this
+many seconds of records before the first open, delivered again by such a replacement
+(at-least-once); it covers host clocks up to this far ahead."""
+
+
 def resume_position(lease: Lease) -> StartAt | None:
     """Where ``lease`` says to open: after its checkpoint, else its recorded start position
     (None: a first open, nothing recorded yet)."""
@@ -80,8 +91,8 @@ async def initialize(spec: ReaderSpec, kinesis: Any, keeper: LeaseKeeper, readin
     start = position
     if position is None:  # a first open: record where, resolved once
         start = recorded = spec.start_at
-        if start.kind == "LATEST":
-            recorded = StartAt("AT_TIMESTAMP", timestamp_ms=int(wall_clock() * 1000))
+        if start.kind == "LATEST":  # earlier by the clock margin: never after the LATEST iterator by AWS's clock
+            recorded = StartAt("AT_TIMESTAMP", timestamp_ms=int((wall_clock() - LATEST_CLOCK_MARGIN_S) * 1000))
         at = recorded.to_str()
         await keeper.retried("set_start_position", lambda: keeper.write(
             "set_start_position", keeper.store.set_start_position, at))
