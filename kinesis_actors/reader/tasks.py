@@ -227,14 +227,18 @@ async def seek(position: StartAt, spec: ReaderSpec, keeper: LeaseKeeper, checkpo
     ``start_position`` is rewritten (fenced), the checkpoint cleared (the one allowed move
     backwards) and the fetcher reopened there.
 
+    The write is retried like every lease write (:meth:`LeaseKeeper.retried`): a transient
+    store error never fails the read loop; the lease is given up once in doubt.
+
     Raises:
-        LeaseLostError: the lease was lost. KinesisError: the write failed.
+        LeaseLostError: the lease was lost (or given up in doubt). KinesisError: the store
+            refused the write for good (not retriable).
     """
     reading.give_back()
     fetcher = reading.fetcher
     assert fetcher is not None
     at = position.to_str()
-    await keeper.write("seek", lambda lease: keeper.store.set_start_position(lease, at))
+    await keeper.retried("seek", lambda: keeper.write("seek", keeper.store.set_start_position, at))
     checkpoints.clear()
     stats["checkpoint"] = None
     fetcher.seek(position)
