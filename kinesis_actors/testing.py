@@ -950,7 +950,11 @@ class LocalReader:
         """Run a call; if the reader is killed meanwhile, raise ReaderGone like Ray does."""
         from .coordinator import ReaderGone
 
-        self._check(method)
+        try:
+            self._check(method)
+        except ReaderGone:
+            awaitable.close()  # the call never reaches the dead reader (and is not left unawaited)
+            raise
         task = asyncio.ensure_future(awaitable)
         if self._killed is None:
             self._killed = asyncio.get_running_loop().create_future()
