@@ -19,6 +19,7 @@ import random
 from collections.abc import Callable
 from typing import Any, Literal
 
+from . import mutation
 from .batch import RecordBatch
 from .clock import monotonic_s
 from .control_plane import (
@@ -39,6 +40,10 @@ __all__ = ["ShardInfo", "describe_stream", "ensure_stream", "list_shards", "call
            "backoff_s", "CONTROL_PLANE_BACKOFF"]
 
 log = logging.getLogger(__name__)
+
+_SKIP_ONE = mutation.register("resume_skips_one", "a shard resumed after its checkpoint skips its next record")
+_EXPIRY_LATEST = mutation.register("iterator_expiry_restarts_latest", "an expired iterator reopens at LATEST")
+_FIRST = (-2, -2)  # _skip_through of the planted resume_skips_one: through the first record returned
 
 # ---------------------------------------------------------------------- the read path of one shard
 GET_RECORDS_MAX_BYTES = 10 * 2**20
@@ -112,6 +117,8 @@ class ShardPosition:
         if position.kind == "AFTER_SEQUENCE_NUMBER" and position.sequence_number is not None \
                 and position.sub_sequence_number is not None:
             self._skip_through = (seq_key(position.sequence_number), position.sub_sequence_number)
+        elif position.kind == "AFTER_SEQUENCE_NUMBER" and self._last is None and _SKIP_ONE in mutation.ACTIVE:
+            self._skip_through = _FIRST
         else:
             self._skip_through = None
 
@@ -126,7 +133,7 @@ class ShardPosition:
                                                shard_id=self.shard_id, stream=self.stream)
         if self._skip_through is not None and records:
             skip, self._skip_through = self._skip_through, None
-            records = records.after(skip)
+            records = records.after(records[0].position if skip is _FIRST else skip)
         if records:
             self._last = records[-1]
         self._start = self._restart
@@ -320,6 +327,8 @@ class ShardFetcher(ShardPosition):
             if _is_expired_iterator(e):
                 self.expired_iterators += 1
                 self._iterator = None
+                if _EXPIRY_LATEST in mutation.ACTIVE:
+                    self.seek(StartAt.latest())
                 log.info("%s: iterator expired; reopening at %s", self.resource, self.position)
                 return None
             if not is_throttling(e):

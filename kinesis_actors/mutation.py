@@ -2,10 +2,17 @@
 
 Each name in :data:`MUTANTS` is a known way to break a guarantee (a checkpoint before the
 acknowledgement, a take without the lease-counter condition, ...). The library code at that
-spot asks :func:`on` and, only when the simulator has planted that mutant with
+spot reads ``name in mutation.ACTIVE`` (what :func:`on` says, without a call, so a batch's
+path enters no extra frame) and, only when the simulator has planted that mutant with
 :func:`planted`, does the wrong thing. Nothing but the simulator (``make sim-mutants``) and
 the tests of the mutants themselves plants one; in every other process :data:`ACTIVE` is the
-empty set and :func:`on` is one frozenset lookup.
+empty set and the check is one frozenset lookup, made per batch or per event, never per
+record. A mutant of the lanes (``checkpoint_before_ack``, ``partial_ack_checkpoints_batch``)
+is read when a consumer builds its lanes: plant it before the consumer is created.
+
+Each module registers its mutants at import: :func:`planted` knows the names of the modules
+imported so far (``kinesis_actors.reader``, ``kinesis_actors.coordinator``,
+``kinesis_actors.leases`` and ``kinesis_actors.kinesis`` hold them all).
 
 Why in the library and not monkeypatched from outside: a mutant must break the code users
 run, at the line that holds the guarantee, and stay in place as that code changes; a patch

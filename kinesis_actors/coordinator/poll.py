@@ -28,6 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from .. import mutation
 from ..backoff import Backoff, Retry
 from ..balancing import BalancePlan, ShardState, plan_leases
 from ..config import KinesisStream
@@ -39,6 +40,8 @@ from ..load.throughput import BalanceMemory, plan_by_throughput
 __all__ = ["TableView", "Taken", "PollOutcome", "LeasePoll"]
 
 log = logging.getLogger("kinesis_actors.coordinator")
+
+_CHILD_FIRST = mutation.register("child_before_parent_end", "a child shard is readable before its parents end")
 
 TABLE_BACKOFF = Backoff(base_s=0.2, cap_s=2.0, floor_s=0.05)
 """Waits between the first pass's reads of the lease table after a transient store error."""
@@ -181,7 +184,7 @@ class LeasePoll:
         """Whether ``shard`` may be read given the table's ``rows``: it was read before (a
         checkpoint on its own row), or every parent still listed is at ``SHARD_END``."""
         own = rows.get(shard.shard_id)
-        if own is not None and own.checkpoint is not None:
+        if (own is not None and own.checkpoint is not None) or _CHILD_FIRST in mutation.ACTIVE:
             return True  # read before, so its parents were done (KCL deletes a finished parent's lease)
         for parent in shard.parent_shard_ids:
             if parent not in self.shards:

@@ -389,8 +389,8 @@ class OneLane:
         self._collect()
 
     async def cancel(self) -> None:
-        """Cancel the batch in flight and drop what is held (a seek, the loop's end)."""
-        task, self._task = self._task, None
+        """Cancel the batch in flight; drop what is held and a kept error (a seek, the loop's end)."""
+        task, self._task, self._error = self._task, None, None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

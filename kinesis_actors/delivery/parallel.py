@@ -28,6 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any, Protocol
 
+from .. import mutation
 from ..records import Record
 from .gather import BatchGatherer
 from .options import DeliveryOptions
@@ -35,6 +36,9 @@ from .options import DeliveryOptions
 __all__ = ["AckTracker", "ShardPipeline", "Lanes"]
 
 log = logging.getLogger(__name__)
+
+_FAILED_IDLE = mutation.register("lane_failure_shard_end",
+                                 "a failed lane is not collected by wait() and, uncollected, counts as idle")
 
 OnAck = Callable[[int], Awaitable[None]]
 DeliverBatch = Callable[[Sequence[Record], OnAck], Awaitable[Any]]
@@ -206,6 +210,8 @@ class ShardPipeline:
         been collected by :meth:`dispatch` or :meth:`wait` (which raise a lane's parked
         error): a failed lane never looks idle, so shard end cannot be
         written past its records."""
+        if _FAILED_IDLE in mutation.ACTIVE:
+            return not self.gathered and not self.in_flight
         return not self.gathered and all(lane.task is None for lane in self._lanes)
 
     def _may_start(self) -> bool:
@@ -316,10 +322,11 @@ class ShardPipeline:
                 await asyncio.wait([*tasks, timer], return_when=asyncio.FIRST_COMPLETED)
             finally:
                 timer.cancel()
-        self._raise_parked()
+        if _FAILED_IDLE not in mutation.ACTIVE:
+            self._raise_parked()
 
     async def cancel(self) -> None:
-        """Cancel the batches in flight and forget everything gathered (a seek, a lost lease)."""
+        """Cancel the batches in flight; forget everything gathered and a parked error (a seek, a lost lease)."""
         tasks = [lane.task for lane in self._lanes if lane.task is not None]
         for task in tasks:
             task.cancel()
@@ -329,5 +336,5 @@ class ShardPipeline:
             lane.task = None
         self._gatherer.drop()
         self.tracker.clear()
-        self._round_end = self._unwritten = None
+        self._round_end = self._unwritten = self._error = None
         self._note_in_flight()

@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from .. import mutation
 from ..clock import Clock, WallClock, monotonic_s, wall_s
 from ..errors import InvalidError, LeaseLostError, LeaseStoreError
 from .protocol import Instance, Lease, TableSnapshot
@@ -71,6 +72,18 @@ from .rows import (
 __all__ = ["LeaseRules"]
 
 logger = logging.getLogger("kinesis_actors.leases")
+
+_BLIND_TAKE = mutation.register("take_without_counter_condition",
+                                "a take overwrites the row whatever owner and counter it holds by then")
+
+
+def _take_condition(table: LeaseTable, key: str, row: Row) -> tuple[str | None, int]:
+    """The condition of a take's write: the owner and counter of the ``row`` it judged. The
+    planted bug ``take_without_counter_condition`` reads the row again instead, so the write
+    holds for whatever the row is by then (an unconditional write, on every backend)."""
+    if _BLIND_TAKE in mutation.ACTIVE:
+        row = table.read(key) or row
+    return row.get(OWNER), int(row[COUNTER])
 
 
 class LeaseRules:
@@ -196,7 +209,7 @@ class LeaseRules:
         if row is None or self._held_live_by_another(row, owner):
             return None
         fields, remove = take_fields(row, owner, duration_ms, self._expiry_ms(duration_ms), parents, identity)
-        new = self._table.update(key, row.get(OWNER), int(row[COUNTER]), fields, remove)
+        new = self._table.update(key, *_take_condition(self._table, key, row), fields, remove)
         if new is None:
             logger.debug("lease %s: %s lost the race to take it", key, owner)
             return None

@@ -42,7 +42,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import metrics
+from .. import metrics, mutation
 from ..batch import payload_bytes
 from ..clock import monotonic_s, wall_s
 from ..errors import LeaseLostError
@@ -72,6 +72,8 @@ TICK_S = 1.0
 metrics export, seconds at most (half the export interval when that is shorter)."""
 
 _S, _R = ConsumerState, StopReason
+
+_EARLY_SHARD_END = mutation.register("shard_end_before_last_ack", "SHARD_END is written with batches in flight")
 
 
 class ShardConsumer:
@@ -103,8 +105,7 @@ class ShardConsumer:
                  clock: Callable[[], float] = monotonic_s, wall_clock: Callable[[], float] = wall_s,
                  sleep: Sleep = asyncio.sleep, on_open: Callable[[], None] | None = None,
                  lease_age_s: float | None = None, hook: ShardHook | None = None) -> None:
-        self.spec = spec
-        self.hook = hook
+        self.spec, self.hook = spec, hook
         self._kinesis = kinesis
         self._deliver = hook.deliver if hook is not None and hook.deliver is not None else deliver
         self._io = io if io is not None else ToThreadIo()
@@ -354,7 +355,7 @@ class ShardConsumer:
                 if got is None:
                     continue
                 self._took(got)
-                if got.shard_end and await self._drained():
+                if got.shard_end and (_EARLY_SHARD_END in mutation.ACTIVE or await self._drained()):
                     self._request(Stop(StopReason.SHARD_END, why="read to its end"))
                     return
         finally:
@@ -376,10 +377,11 @@ class ShardConsumer:
         self.stats["millis_behind_latest"] = lag
 
     async def _settle(self) -> None:
-        """Wait (alive) until no batch is in flight; the stop's grace cancels this wait."""
+        """Wait (alive) until no batch is in flight; raise a failed batch's error (the stop's grace bounds it)."""
         while self._lanes.in_flight:
             self._alive()
             await self._lanes.wait(self._step_s)
+        await self._lanes.wait(0.0)  # collects a batch that failed before the stop was seen (no wait)
 
     async def _drained(self) -> bool:
         """Shard end: deliver everything held and wait until every batch is acknowledged; True

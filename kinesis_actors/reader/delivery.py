@@ -14,9 +14,11 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
+from .. import mutation
 from ..clock import monotonic_s, wall_s
 from ..delivery import DeadLetterWriter, DeliveryEngine, DeliveryResult, Lanes, OneLane, ShardPipeline
 from ..delivery.engine import SINK_BACKOFF
+from ..delivery.parallel import DeliverBatch, OnAck
 from ..kinesis import Fetched
 from ..records import Record
 from .spec import Deliver, ReaderSpec, Sleep
@@ -27,6 +29,11 @@ __all__ = ["BatchDelivery", "Checkpoint", "DeliveryResult", "SINK_BACKOFF"]
 
 log = logging.getLogger("kinesis_actors.reader")
 T = TypeVar("T")
+
+_EARLY_CHECKPOINT = mutation.register("checkpoint_before_ack",
+                                      "a batch's last record is checkpointed before the sink call")
+_PARTIAL_WHOLE = mutation.register("partial_ack_checkpoints_batch",
+                                   "a partial acknowledgement acknowledges (and checkpoints) the whole batch")
 
 
 class Checkpoint(Protocol):
@@ -39,6 +46,24 @@ class Checkpoint(Protocol):
 def _materialize(got: Fetched) -> None:
     """Build a response's Record objects (its batch keeps them)."""
     got.records.records()
+
+
+def _checkpoint_first(deliver: DeliverBatch, checkpoint: Checkpoint) -> DeliverBatch:
+    """The planted bug ``checkpoint_before_ack``: ``deliver`` that checkpoints a batch's last record first."""
+    async def early(batch: Sequence[Record], on_ack: OnAck) -> Any:
+        await checkpoint(batch[-1])
+        return await deliver(batch, on_ack)
+
+    return early
+
+
+def _partial_as_whole(deliver: DeliverBatch) -> DeliverBatch:
+    """The planted bug ``partial_ack_checkpoints_batch``: ``deliver`` whose every acknowledgement
+    covers the whole batch (the rest of a partially acknowledged batch is still retried)."""
+    async def whole(batch: Sequence[Record], on_ack: OnAck) -> Any:
+        return await deliver(batch, lambda n: on_ack(len(batch)))
+
+    return whole
 
 
 class BatchDelivery:
@@ -108,11 +133,16 @@ class BatchDelivery:
             acked: called with records once they are acknowledged (the counters).
             sleep: ``async sleep`` on the injected clock (the lanes' waits).
         """
+        deliver: DeliverBatch = self.engine.deliver
+        if _EARLY_CHECKPOINT in mutation.ACTIVE:  # planted bugs apply to lanes built while planted
+            deliver = _checkpoint_first(deliver, checkpoint)
+        if _PARTIAL_WHOLE in mutation.ACTIVE:
+            deliver = _partial_as_whole(deliver)
         if self.gathers:
-            return ShardPipeline(self.controls, self.engine.deliver, checkpoint, max_records=self.spec.max_records,
+            return ShardPipeline(self.controls, deliver, checkpoint, max_records=self.spec.max_records,
                                  clock=self._clock, acked=acked, stats=self.stats, wall_clock=self._wall_clock,
                                  sleep=sleep)
-        return OneLane(self.engine.deliver, checkpoint, acked, size=self.controls.batch_limit(self.spec.max_records),
+        return OneLane(deliver, checkpoint, acked, size=self.controls.batch_limit(self.spec.max_records),
                        refill_below=self.spec.max_records, sleep=sleep, stats=self.stats)
 
     @property

@@ -36,6 +36,7 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .. import mutation
 from ..backoff import Backoff
 from ..clock import monotonic_s
 from ..errors import KinesisError, LeaseLostError
@@ -50,6 +51,10 @@ log = logging.getLogger("kinesis_actors.reader")
 CHECKPOINT_BACKOFF = Backoff(base_s=0.2, cap_s=5.0, floor_s=0.05)
 """Waits between attempts of a lease write the store failed transiently (:meth:`LeaseKeeper.retried`),
 each capped at a third of the renew interval and at 1 s."""
+
+_NO_LIVENESS = mutation.register("renew_without_liveness_check", "a stuck read loop's lease is renewed on")
+_UNFENCED_CHECKPOINT = mutation.register("checkpoint_after_lost_lease",
+                                         "a refused checkpoint is written again over the new owner's row")
 
 RENEW_SLOT_S = 0.25
 """Renewals fall due on a grid of this many seconds of the monotonic clock (at most a tenth of
@@ -170,11 +175,22 @@ class LeaseKeeper:
                     pass
                 raise
             except LeaseLostError:
+                if position is not None and _UNFENCED_CHECKPOINT in mutation.ACTIVE:
+                    await self._io.store(self._overwrite, call, args)
                 self.mark_lost(f"{what} refused: the lease changed owner or counter")
                 raise
             if pacer is not None and position is not None:
                 pacer.written(position)
             return new
+
+    def _overwrite(self, call: Write | None, args: tuple[Any, ...]) -> None:
+        """The planted bug ``checkpoint_after_lost_lease``: the refused write again, on the row as it is now."""
+        row = self.store.get(self.spec.stream, self.spec.shard_id)
+        if call is not None and row is not None and row.owner is not None:
+            try:
+                call(row, *args)
+            except Exception as e:  # the row moved again: the bug lands at most once
+                log.debug("shard %s: planted overwrite refused (%r)", self.spec.shard_id, e)
 
     def _adopt_late(self, done: asyncio.Future[Lease | None], sent: float) -> None:
         """A write cancelled while in flight landed later: adopt its Lease (not awaited by anyone)."""
@@ -319,7 +335,8 @@ class LeaseKeeper:
             if self._last_write != written:
                 continue  # a checkpoint written meanwhile renewed the lease: the next renewal is due later
             silent = now - self.last_sign_of_life()
-            if silent > spec.lease_duration_s:  # the loop is stuck (a hung call): let the lease lapse
+            # the loop is stuck (a hung call): let the lease lapse
+            if silent > spec.lease_duration_s and _NO_LIVENESS not in mutation.ACTIVE:
                 log.warning("shard %s: read loop silent for %.1f s; not renewing", spec.shard_id, silent)
                 if self.in_doubt():
                     self.mark_lost("read loop stuck past the lease deadline")

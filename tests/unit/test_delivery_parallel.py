@@ -324,3 +324,35 @@ def test_a_lane_that_failed_unseen_is_not_idle_so_shard_end_waits_for_its_error(
 
     asyncio.run(main())
     assert written == []
+
+
+def test_cancel_drops_a_parked_error_so_the_lanes_deliver_again_after_it() -> None:
+    """cancel() (a seek, the loop's end) forgets everything the lanes hold, the error of a
+    failed batch included: records added after it are delivered, not refused with the error
+    of a batch that was dropped."""
+    delivered: list[str] = []
+
+    async def deliver(batch: Sequence[Record], on_ack: Any) -> None:
+        if any(r.partition_key == "bad" for r in batch):
+            raise SinkError("gave up")
+        delivered.extend(r.sequence_number for r in batch)
+        await on_ack(len(batch))
+
+    async def checkpoint(r: Record, partial: bool = False) -> None: ...
+
+    async def main() -> None:
+        clock = FakeClock()
+        for lanes in (ShardPipeline(DeliveryOptions(parallelization_factor=2), deliver, checkpoint, max_records=100,
+                                    clock=clock),
+                      OneLane(deliver, checkpoint, lambda records: None, size=100, refill_below=100,
+                              sleep=clock.sleep, stats={})):
+            delivered.clear()
+            lanes.add([rec(0, key="bad")])
+            with pytest.raises(SinkError):
+                await drain(lanes)  # the error is parked and raised
+            await lanes.cancel()
+            lanes.add([rec(1, key="good")])
+            await drain(lanes)
+            assert delivered == ["1001"] and lanes.idle, type(lanes).__name__
+
+    asyncio.run(main())
