@@ -6,7 +6,12 @@ and issue 38's additions), checked by replaying the history in order.
 - ``checkpoint_past_unacked``: no checkpoint write passes a record not yet handled, and
   ``SHARD_END`` is written only once every record of the shard is (SPEC 2).
 - ``fenced_write``: a holder's write (renewal, checkpoint, release) is made by the row's owner
-  of the moment: a reader that lost its lease writes nothing more (SPEC 3).
+  of the moment, and by the one reader process holding it since the last take: a reader that
+  lost its lease writes nothing more (SPEC 3).
+- ``graceful_redelivery``: a reader that releases or hands over its lease has checkpointed every
+  record it acknowledged before (the next record after the checkpoint is not one it
+  acknowledged): a graceful handoff or close redelivers nothing (SPEC 10). Not checked under
+  ``parallelization_factor`` > 1, whose checkpoint moves by whole rounds of lanes.
 - ``steal_live``: a lease changes owner only when it was free, handed to that owner, or silent
   (counter unchanged) for a whole lease duration: one owner at a time, by counter.
 - ``child_before_parent``: a child shard's records go to the sink only once all of its
@@ -15,6 +20,8 @@ and issue 38's additions), checked by replaying the history in order.
   removes it (and rewrites ``start_position``) first (SPEC 5).
 - ``not_read``: every readable shard is read again within ``lease + poll + renew + slack``
   seconds of the faults stopping (SPEC 6 and 7).
+- ``fatal``: no simulated fault but a sink refusing records past their retries fails a
+  subscription (a table or Kinesis fault is retried, or costs a lease).
 - ``unbounded_batches``: one reader has at most ``parallelization_factor`` batches of one shard
   at the sink at once (SPEC 8).
 - ``key_order``: a record goes to the sink only after every earlier record of its shard and
@@ -64,6 +71,9 @@ class _Replay:
         self.found: list[Violation] = []
         self.first: dict[Any, int] = {}  # shard or (shard, key) -> index of its first record maybe unhandled
         self.by_key: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
+        self.acked_by: dict[tuple[str, str], set[int]] = defaultdict(set)  # (process, shard) -> seqs it acked
+        self.holder: dict[str, str] = {}  # shard -> the reader process holding it since the last take
+        self.taker: dict[str, str] = {}  # shard -> the incarnation that last took it
         self._exemptions()
 
     def _exemptions(self) -> None:
@@ -129,20 +139,60 @@ def _write(r: _Replay, t: float, f: dict[str, Any]) -> None:
     holder_write = f["owner"] == f["was_owner"] and f["next"] == f["was_next"]
     if (holder_write or f["owner"] is None) and f["was_owner"] is not None and writer != f["was_owner"]:
         r.bad("fenced_write", t, f"{f['who']} wrote {shard} held by {f['was_owner']} (counter {f['counter']})")
-    if f["owner"] not in (None, f["was_owner"]) and f["was_owner"] is not None and f["was_next"] != f["owner"]:
+    given = writer == f["was_owner"]  # the holder's own hand-over (to a requester, maybe one that withdrew since)
+    if f["owner"] not in (None, f["was_owner"]) and f["was_owner"] is not None and f["was_next"] != f["owner"] \
+            and not given:
         silent = t - r.counter_at.get(shard, float("-inf"))
         if silent < r.cfg.lease_s - 1e-6:
             r.bad("steal_live", t, f"{f['owner']} took {shard} from {f['was_owner']} {silent:.3f} s after its "
                                    f"last write (lease {r.cfg.lease_s} s)")
     if f["counter"] != f["was_counter"]:
         r.counter_at[shard] = t
+    _holder(r, t, f)
+    _graceful(r, t, f)
     _checkpoint(r, t, f)
+
+
+def _holder(r: _Replay, t: float, f: dict[str, Any]) -> None:
+    """One reader process writes a lease between two takes: a stale reader of the same owner id
+    (another incarnation, or another reader of this one) writes nothing more either."""
+    shard, who = f["shard"], str(f["who"])
+    incarnation, _, proc = who.partition("/")
+    mine = incarnation.split(".")[0] == f["owner"]
+    if f["owner"] != f["was_owner"] or f["was_owner"] is None or (proc == "coord" and mine):
+        r.taker[shard] = incarnation if mine else None  # a hand-over: the receiver's incarnation writes next
+        r.holder[shard] = ""
+        return
+    if not proc.startswith("r"):
+        return  # handoff requests of other instances
+    if r.taker.get(shard) is None:
+        r.taker[shard] = incarnation
+    if r.taker[shard] != incarnation or r.holder.get(shard) not in (None, "", who):
+        r.bad("fenced_write", t, f"{who} wrote {shard}, held by {r.holder.get(shard) or r.taker.get(shard)} "
+                                 f"since its last take (counter {f['counter']})")
+    r.holder[shard] = who
+
+
+def _graceful(r: _Replay, t: float, f: dict[str, Any]) -> None:
+    """A reader that lets its lease go (release, hand-over) has checkpointed what it acknowledged (SPEC 10)."""
+    shard, who, cp = f["shard"], str(f["who"]), f["checkpoint"]
+    letting_go = f["was_owner"] is not None and (f["owner"] is None or f["owner"] == f["was_next"])
+    if not letting_go or "/r" not in who or cp == SHARD_END or r.cfg.controls.get("parallelization_factor", 1) > 1:
+        return  # lanes checkpoint by whole rounds: a round cut short at the stop is delivered again whole
+    after = int(cp) if cp is not None and str(cp).isdigit() else -1
+    nxt = next((s for s, _ in r.published[shard] if s > after and s not in r.exempt), None)
+    if nxt is not None and nxt in r.acked_by[(who, shard)]:
+        r.bad("graceful_redelivery", t, f"{who} let {shard} go at checkpoint {cp} having acknowledged {nxt}: "
+                                        "the next owner delivers it again")
 
 
 def _checkpoint(r: _Replay, t: float, f: dict[str, Any]) -> None:
     shard, cp = f["shard"], f["checkpoint"]
     if cp is None and f["was_checkpoint"] is not None:  # a seek removes the checkpoint (start_position moved)
         r.checkpoint.pop(shard, None)
+        for who, sid in list(r.acked_by):
+            if sid == shard:
+                r.acked_by[(who, sid)].clear()  # what was acknowledged before a seek is delivered again
     if cp == f["was_checkpoint"] or cp is None:
         return
     if cp == SHARD_END:
@@ -169,6 +219,9 @@ def _event(r: _Replay, t: float, kind: str, f: dict[str, Any]) -> None:
         r.inflight[(f["who"], f["shard"])] -= 1
         if kind == "ack":
             r.handled[f["shard"]].update(f["seqs"])
+            r.acked_by[(f["who"], f["shard"])].update(f["seqs"])
+    elif kind == "fatal" and f["error"] != "SinkError":
+        r.bad("fatal", t, f"{f['owner']}'s subscription failed on {f['error']}: {f['what']}")
     elif kind == "dead":
         r.handled[f["shard"]].update(f["seqs"])
     elif kind == "write":

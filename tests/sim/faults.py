@@ -16,7 +16,7 @@ from typing import Any
 __all__ = ["Faults", "ACTIONS"]
 
 ACTIONS = ("kill_reader", "kill_coordinator", "crash_instance", "close_instance", "add_instance",
-           "table_slow", "table_failing", "partition", "throttle", "stall", "reshard", "seek")
+           "table_slow", "table_failing", "partition", "throttle", "stall", "hang", "reshard", "seek")
 """Every kind of fault :meth:`Faults.chaos` picks from (each run draws the subset it uses)."""
 
 
@@ -38,6 +38,7 @@ class Faults:
         self.slow: dict[str, tuple[float, float]] = {}  # instance -> (latency s, until)
         self.cut: dict[str, float] = {}  # instance -> partitioned until
         self.stalls: dict[str, float] = {}  # shard -> stalled until
+        self.hangs: dict[tuple[str, str | None], float] = {}  # (reader process, shard) -> next call hangs this long
         self.active = True
 
     def table_latency_s(self, instance: str) -> float:
@@ -161,6 +162,17 @@ class Faults:
         shard = w.rng.choice(sorted(w.kinesis.shards))
         self.stalls[shard] = w.now() + w.rng.uniform(1.0, 15.0)
         self._note("stall", shard=shard)
+
+    async def hang(self) -> None:
+        """The next Kinesis call of one reader process on one of its shards hangs (a connection that
+        never answers), until the client's read timeout fails it."""
+        w = self.world
+        held = [(r.who, sid) for i in w.live() for r in i.readers if not r.handle.dead
+                for sid in r.handle.core.shard_ids()]
+        if held:
+            who, shard = w.rng.choice(held)
+            self.hangs[(who, shard)] = w.rng.choice((3 * w.cfg.lease_s, 1e9))
+            self._note("hang", who=who, shard=shard, for_s=self.hangs[(who, shard)])
 
     async def reshard(self) -> None:
         """Split an open shard, or merge two (at most 8 shards in all)."""

@@ -17,6 +17,8 @@ import datetime as _dt
 from collections.abc import Callable
 from typing import Any
 
+from botocore.exceptions import ReadTimeoutError
+
 from kinesis_actors.testing import client_error
 
 __all__ = ["SimKinesis", "SimShard", "ITERATOR_TTL_S"]
@@ -67,6 +69,7 @@ class SimKinesis:
         self.throttle: dict[str, float] = {}
         self.calls = 0
         self.expire_chance = 0.0
+        self.timeouts: set[str] = set()  # shards whose next call fails with botocore's ReadTimeoutError
         self.on_read: Callable[[str, int, int], None] | None = None  # (shard, first index, count) per answer
         self.on_iterator: Callable[[str, str, int], None] | None = None  # (shard, type, position) per iterator
         for _ in range(n_shards):
@@ -112,6 +115,11 @@ class SimKinesis:
                             max(self.shards[first].hash_range[1], self.shards[second].hash_range[1]))
         return child.shard_id
 
+    def _timeout(self, shard_id: str) -> None:
+        if shard_id in self.timeouts:
+            self.timeouts.discard(shard_id)
+            raise ReadTimeoutError(endpoint_url="https://kinesis.sim")
+
     # ------------------------------------------------------------------ the client calls
     def list_shards(self, **_: Any) -> dict[str, Any]:
         """Every shard, parents and closed shards' ending sequence numbers included."""
@@ -140,6 +148,7 @@ class SimKinesis:
     def get_shard_iterator(self, *, ShardId: str, ShardIteratorType: str, **kw: Any) -> dict[str, str]:
         """An iterator at the position the type names."""
         self.calls += 1
+        self._timeout(ShardId)
         shard = self.shards[ShardId]
         if ShardIteratorType == "TRIM_HORIZON":
             pos = 0
@@ -162,6 +171,7 @@ class SimKinesis:
         """Up to ``Limit`` records from the iterator's position (errors per the faults)."""
         self.calls += 1
         sid, pos_s, issued = ShardIterator.split("|")
+        self._timeout(sid)
         if self._clock() - float(issued) > ITERATOR_TTL_S or self._chance(self.expire_chance):
             raise client_error("ExpiredIteratorException")
         if self._chance(self.throttle.get(sid, 0.0)):

@@ -20,6 +20,7 @@ from typing import Any
 
 from kinesis_actors.errors import LeaseStoreError
 from kinesis_actors.leases.rows import CHECKPOINT, COUNTER, NEXT_OWNER, OWNER, START_POSITION, LocalRows, Row, is_shard_row
+from kinesis_actors.reader.spec import kinesis_call_timeout_s
 
 __all__ = ["SimRows", "SimIo"]
 
@@ -35,6 +36,27 @@ class SimRows(LocalRows):
         super().__init__()
         self._record = record
         self.writer = "?"  # the simulated process whose call runs now (set by SimIo)
+        self.race: Callable[[str, Row], None] | None = None  # see World.race
+        self.op = ""  # the lease-store call running now (set by SimIo)
+
+    def read(self, key: str) -> Row | None:
+        """See ``LocalRows.read``; during a take, the holder's renewal may land just after it."""
+        row = super().read(key)
+        if self.op == "take" and row is not None and self.race is not None:
+            self.op = ""  # once per take: between its judging read and its conditional write
+            self.race(key, row)
+        return row
+
+    def late_renewal(self, key: str, row: Row, who: str) -> None:
+        """The holder's renewal of ``row`` lands now (counter +1), written by ``who``."""
+        writer, self.writer = self.writer, who
+        try:
+            LocalRows.update(self, key, row.get(OWNER), int(row[COUNTER]), {COUNTER: int(row[COUNTER]) + 1})
+            after = self.read(key)
+            if after is not None:
+                self._write(row, after, late=True)
+        finally:
+            self.writer = writer
 
     def put_new(self, row: Mapping[str, Any]) -> bool:
         """See ``LocalRows.put_new``; a created shard row is recorded."""
@@ -86,11 +108,11 @@ class SimIo:
         if w.faults.partitioned(self.instance) or w.chance(w.faults.table_fail_before):
             raise LeaseStoreError(f"simulated: table unreachable from {self.instance}", retriable=True)
         self._alive()
-        w.rows.writer = self.who
+        w.rows.writer, w.rows.op = self.who, getattr(fn, "__name__", "")
         try:
             result = fn(*args, **kwargs)
         finally:
-            w.rows.writer = "?"
+            w.rows.writer, w.rows.op = "?", ""
         await w.sleep(latency / 2)
         if w.chance(w.faults.table_fail_after):
             raise LeaseStoreError("simulated: the table's response was lost", retriable=True)
@@ -110,8 +132,16 @@ class SimIo:
         return await self._table(fn, args, {})
 
     async def kinesis(self, fn: Callable[..., Any], *args: Any, limited: bool = True, shard: str | None = None) -> Any:
-        """A Kinesis call: waits its latency (until a stall of ``shard`` ends), then runs."""
+        """A Kinesis call: waits its latency (until a stall of ``shard`` ends; a call of this process
+        on a hung connection waits until the client's read timeout fails it), then runs."""
         self._alive()
+        hang = self.world.faults.hangs.pop((self.who, shard), None)
+        if hang is not None:  # the client's read timeout ends the wait (botocore's ReadTimeoutError)
+            timeout = kinesis_call_timeout_s(self.world.cfg.lease_s)
+            self.world.history.add("hung", who=self.who, shard=shard)
+            await self.world.sleep(min(hang, timeout))
+            if hang > timeout and shard is not None:
+                self.world.kinesis.timeouts.add(shard)  # the call inside fails, as botocore's would
         await self.world.sleep(self.world.faults.kinesis_delay_s(shard))
         self._alive()
         return fn(*args)

@@ -57,6 +57,7 @@ class Config:
     controls: dict[str, Any] = dataclasses.field(default_factory=dict)
     per_reader: int = 2
     skew_s: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
+    sink_retries: int = 1000
 
     @classmethod
     def draw(cls, rng: random.Random, *, fault_s: float) -> Config:
@@ -69,7 +70,8 @@ class Config:
             "max_record_age_s": rng.choice((None, None, 20.0))}
         return cls(shards=rng.randint(1, 4), instances=rng.randint(1, 3), poll_s=rng.choice((1.0, 2.0)),
                    rate=rng.choice((0.5, 2.0, 5.0)), fault_s=fault_s, latest=rng.random() < 0.2, controls=controls,
-                   per_reader=rng.randint(1, 3), skew_s=tuple(rng.uniform(-3.0, 3.0) for _ in range(4)))
+                   per_reader=rng.randint(1, 3), skew_s=tuple(rng.uniform(-3.0, 3.0) for _ in range(4)),
+                   sink_retries=rng.choice((1000, 1000, 1000, 2)))
 
 
 @dataclasses.dataclass
@@ -97,7 +99,8 @@ class Instance:
         self.core = CoordinatorCore(world.stream, aws=None, store=self.store, owner_id=owner,  # type: ignore[arg-type]
                                     lease_duration_s=world.cfg.lease_s, renew_interval_s=world.cfg.renew_s,
                                     launcher=self._launch, kinesis=world.kinesis, call_timeout_s=5.0,
-                                    reader_start_timeout_s=10.0, clock=world.now, sleep=world.sleep, io=self.io)
+                                    reader_start_timeout_s=10.0, clock=world.now, sleep=world.sleep, io=self.io,
+                                    on_fatal=lambda error: world.fatal(self, error))
         self.dead = False
 
     def _launch(self, n: int) -> LocalReader:
@@ -143,13 +146,14 @@ class World:
         self.cfg = cfg or Config.draw(self.rng, fault_s=fault_s)
         self.sink_mix = SinkMix(self.rng)
         self.rows = SimRows(self.history.add)
+        self.rows.race = self.race
         self.kinesis = SimKinesis(self.cfg.shards, clock=self.now, wall=self.wall, chance=self.chance)
         self.kinesis.on_read = lambda sid, pos, n: self.history.add("read", shard=sid, pos=pos, n=n)
         self.kinesis.on_iterator = lambda sid, kind, pos: self.history.add("iterator", shard=sid, type=kind, pos=pos)
         self.stream = KinesisStream(
             "sim", start_at=StartAt.latest() if self.cfg.latest else StartAt.trim_horizon(),
             lease_poll_interval_s=self.cfg.poll_s, shard_sync_interval_s=3.0, idle_wait_s=0.2,
-            max_idle_wait_s=1.0, max_shards_per_reader=self.cfg.per_reader, max_sink_retries=1000,
+            max_idle_wait_s=1.0, max_shards_per_reader=self.cfg.per_reader, max_sink_retries=self.cfg.sink_retries,
             dead_letter=SimDeadLetters(self) if self.cfg.controls.get("max_record_age_s") else None,
             balance_by="count", reader_target_cpu=None, **self.cfg.controls)
         self.instances: dict[str, Instance] = {}
@@ -241,6 +245,23 @@ class World:
         await self.sleep(min(after_s, max(0.0, self.fault_end - self.now())))
         if owner not in self.instances or self.instances[owner].dead:
             await self.start_instance(owner)
+
+    def race(self, key: str, row: dict[str, Any]) -> None:
+        """A take has just read ``row``: the holder's renewal, sent before, may land before the
+        take's write (when the holder runs and reaches the table: a slow table's renewals land late)."""
+        inst = self.instances.get(str(row.get("lease_owner")))
+        if inst is not None and self.rows.writer.split(".")[0] != inst.owner and not inst.dead and not self.faults.partitioned(inst.owner) and self.chance(0.3):
+            self.rows.late_renewal(key, row, f"{inst.tag}/late")
+
+    def fatal(self, inst: Instance, error: BaseException) -> None:
+        """``inst``'s subscription failed: recorded; it closes itself, and is started again (its user restarts it)."""
+        self.history.add("fatal", owner=inst.owner, error=type(error).__name__, what=str(error)[:200])
+        self.spawn(self._revive(inst))
+
+    async def _revive(self, inst: Instance) -> None:
+        await inst.core.wait(30.0)
+        inst.dead = True
+        await self.restart_later(inst.owner, self.rng.uniform(1.0, 5.0))
 
     async def close_and_return(self, inst: Instance, after_s: float) -> None:
         """Close ``inst`` gracefully (releasing its leases), then start it again after ``after_s``."""
