@@ -18,7 +18,7 @@ import sys
 import time
 
 from .mutants import hunt, registered
-from .run import Result, run_range, run_seed
+from .run import FAULT_S, Result, run_range, run_seed
 from .speed import figures
 
 
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cap", type=int, default=500, help="most seeds per mutant (default 500)")
     p.add_argument("--figures", action="store_true", help="print the speed figures")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--fault-s", type=float, default=60.0, help="simulated seconds of faults per seed (default 60)")
+    p.add_argument("--fault-s", type=float, default=FAULT_S, help=f"simulated seconds of faults per seed (default {FAULT_S:.0f})")
     args = p.parse_args(argv)
     if args.figures:
         for line in figures():

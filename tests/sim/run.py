@@ -24,7 +24,10 @@ from . import vloop
 from .checker import Violation, check
 from .world import PROC, World
 
-__all__ = ["Result", "run_seed", "run_range", "tail_s"]
+__all__ = ["Result", "run_seed", "run_range", "tail_s", "FAULT_S"]
+
+FAULT_S = 40.0
+"""Simulated seconds of faults per seed by default (then the quiet tail)."""
 
 
 @dataclasses.dataclass
@@ -84,10 +87,13 @@ async def _teardown(world: World) -> None:
         if not inst.dead:
             world.crash(inst)
     me = asyncio.current_task()
-    rest = [t for t in asyncio.all_tasks() if t is not me]
-    for t in rest:
-        t.cancel()
-    await asyncio.gather(*rest, return_exceptions=True)
+    for _ in range(10):  # a cancelled task may start another on its way out
+        rest = [t for t in asyncio.all_tasks() if t is not me]
+        if not rest:
+            return
+        for t in rest:
+            t.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
 
 
 async def _main(seed: int, fault_s: float) -> tuple[World, list[Violation]]:
@@ -101,7 +107,7 @@ async def _main(seed: int, fault_s: float) -> tuple[World, list[Violation]]:
     return world, found
 
 
-def run_seed(seed: int, *, fault_s: float = 60.0, mutants: Iterable[str] = (), verbose: bool = False) -> Result:
+def run_seed(seed: int, *, fault_s: float = FAULT_S, mutants: Iterable[str] = (), verbose: bool = False) -> Result:
     """Run seed ``seed`` (with ``mutants`` planted); its :class:`Result` (``report``: the shortened
     history when a violation was found, the whole one with ``verbose``)."""
     random.seed(seed)  # library code drawing from the module's generator (backoff jitter) draws the same
@@ -136,7 +142,7 @@ def _one(args: tuple[int, float, tuple[str, ...]]) -> Result:
     return result
 
 
-def run_range(seeds: Iterable[int], *, fault_s: float = 60.0, mutants: tuple[str, ...] = (), workers: int = 2,
+def run_range(seeds: Iterable[int], *, fault_s: float = FAULT_S, mutants: tuple[str, ...] = (), workers: int = 2,
               stop_at_first: bool = False) -> list[Result]:
     """Run every seed of ``seeds`` over ``workers`` processes (1: in this process), in seed order.
 

@@ -26,8 +26,8 @@ class SinkMix:
     def __init__(self, rng: Any) -> None:
         self.fail = rng.choice((0.0, 0.0, 0.05, 0.15))
         self.partial = rng.choice((0.0, 0.05, 0.15))
-        self.stall = rng.choice((0.0, 0.0, 0.01))
-        self.stall_s = rng.choice((3.0, 8.0))
+        self.stall = rng.choice((0.0, 0.0, 0.01, 0.03))
+        self.stall_s = rng.choice((3.0, 8.0, 15.0))
         self.latency_s = rng.choice((0.001, 0.02, 0.1))
 
     def __repr__(self) -> str:

@@ -34,7 +34,7 @@ def test_a_seed_replays_the_same_history() -> None:
           "whole subscription (the write is now retried like every lease write)"),
 ])
 def test_the_seeds_that_found_real_bugs_stay_clean(seed: int, what: str) -> None:
-    result = run_seed(seed)
+    result = run_seed(seed, fault_s=60.0)  # found with 60 s of faults
     assert result.violations == [], what
 
 

@@ -137,7 +137,7 @@ class World:
         fault_s: how long faults are injected, virtual seconds (then the quiet tail).
     """
 
-    def __init__(self, seed: int, *, fault_s: float = 60.0, cfg: Config | None = None) -> None:
+    def __init__(self, seed: int, *, fault_s: float = 40.0, cfg: Config | None = None) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.loop = asyncio.get_running_loop()
@@ -250,7 +250,9 @@ class World:
         """A take has just read ``row``: the holder's renewal, sent before, may land before the
         take's write (when the holder runs and reaches the table: a slow table's renewals land late)."""
         inst = self.instances.get(str(row.get("lease_owner")))
-        if inst is not None and self.rows.writer.split(".")[0] != inst.owner and not inst.dead and not self.faults.partitioned(inst.owner) and self.chance(0.3):
+        if inst is None or inst.dead or self.rows.writer.split(".")[0] == inst.owner:
+            return
+        if not self.faults.partitioned(inst.owner) and self.chance(0.3):
             self.rows.late_renewal(key, row, f"{inst.tag}/late")
 
     def fatal(self, inst: Instance, error: BaseException) -> None:
