@@ -153,7 +153,8 @@ async def shut_down(stop: Stop, spec: ReaderSpec, keeper: LeaseKeeper, checkpoin
 
     * ``SHARD_END``: write the ``SHARD_END`` checkpoint (past every acknowledged record:
       the read loop drained the shard first; a transient store error is retried by
-      :meth:`LeaseKeeper.retried`), then release.
+      :meth:`LeaseKeeper.retried`), then release (a store error other than a lost lease is
+      logged: the row, at ``SHARD_END``, then expires).
     * ``REQUESTED``/``HANDOFF``: checkpoint what was acknowledged, then hand the lease to
       the asker, or release it (unless asked to keep it). A store error other than a lost
       lease is logged: the lease then expires.
@@ -173,7 +174,14 @@ async def shut_down(stop: Stop, spec: ReaderSpec, keeper: LeaseKeeper, checkpoin
             await keeper.retried("checkpoint SHARD_END", lambda: keeper.write(
                 "checkpoint SHARD_END", store.checkpoint, SHARD_END))
         stats["checkpoint"] = SHARD_END
-        await keeper.write("release", lambda lease: store.release(lease))
+        try:
+            await keeper.write("release", lambda lease: store.release(lease))
+        except LeaseLostError:
+            raise
+        except KinesisError as e:  # the row is at SHARD_END already: it only waits to expire
+            log.warning("shard %s: SHARD_END written; the release failed (%s), the lease will expire",
+                        spec.shard_id, e)
+            return stop
         log.info("shard %s: read to its end; SHARD_END written, lease released", spec.shard_id)
         return stop
     try:  # close and handoff: the acknowledged records are checkpointed first
