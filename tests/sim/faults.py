@@ -39,6 +39,7 @@ class Faults:
         self.cut: dict[str, float] = {}  # instance -> partitioned until
         self.stalls: dict[str, float] = {}  # shard -> stalled until
         self.hangs: dict[tuple[str, str | None], float] = {}  # (reader process, shard) -> next call hangs this long
+        self.stuck: set[str] = set()  # reader processes whose next call without a shard (a batch's preparation) never returns
         self.active = True
 
     def table_latency_s(self, instance: str) -> float:
@@ -165,12 +166,17 @@ class Faults:
 
     async def hang(self) -> None:
         """The next Kinesis call of one reader process on one of its shards hangs (a connection that
-        never answers), until the client's read timeout fails it."""
+        never answers), until the client's read timeout fails it; or one of the process's pool
+        threads gets stuck for good in a batch's preparation (no timeout applies)."""
         w = self.world
         held = [(r.who, sid) for i in w.live() for r in i.readers if not r.handle.dead
                 for sid in r.handle.core.shard_ids()]
         if held:
             who, shard = w.rng.choice(held)
+            if w.rng.random() < 0.3:
+                self.stuck.add(who)
+                self._note("stuck", who=who)
+                return
             self.hangs[(who, shard)] = w.rng.choice((3 * w.cfg.lease_s, 1e9))
             self._note("hang", who=who, shard=shard, for_s=self.hangs[(who, shard)])
 

@@ -135,6 +135,10 @@ class SimIo:
         """A Kinesis call: waits its latency (until a stall of ``shard`` ends; a call of this process
         on a hung connection waits until the client's read timeout fails it), then runs."""
         self._alive()
+        if shard is None and self.who in self.world.faults.stuck:  # a pool thread stuck for good (no timeout)
+            self.world.faults.stuck.discard(self.who)
+            self.world.history.add("stuck", who=self.who)
+            await asyncio.get_running_loop().create_future()
         hang = self.world.faults.hangs.pop((self.who, shard), None)
         if hang is not None:  # the client's read timeout ends the wait (botocore's ReadTimeoutError)
             timeout = kinesis_call_timeout_s(self.world.cfg.lease_s)
