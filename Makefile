@@ -40,7 +40,7 @@ lint: install  # ruff (pyproject.toml) and mypy (strict on leases, reader, Coord
 	$(BIN)/mypy
 
 test-fast: install
-	$(BIN)/python -m pytest tests/unit tests/contract $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/unit tests/contract tests/sim $(PYTEST_ARGS)
 
 # The deterministic simulator (tests/sim, docs/simulation.md): SEEDS=A-B seeds, each a seeded history of
 # real Coordinator and reader cores on virtual time, checked against the invariants; exits 1 on any violation.

@@ -162,6 +162,8 @@ def _holder(r: _Replay, t: float, f: dict[str, Any]) -> None:
     if f["owner"] != f["was_owner"] or f["was_owner"] is None or (proc == "coord" and mine):
         r.taker[shard] = incarnation if mine else None  # a hand-over: the receiver's incarnation writes next
         r.holder[shard] = ""
+        for key in [k for k in r.acked_by if k[1] == shard]:
+            r.acked_by[key].clear()  # acknowledged in an earlier tenure: a failure's to redeliver, not a release's
         return
     if not proc.startswith("r"):
         return  # handoff requests of other instances

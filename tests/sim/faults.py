@@ -58,7 +58,8 @@ class Faults:
         return max(stalled, 0.0) + 0.005 + 0.02 * self.world.rng.random()
 
     def stop(self) -> None:
-        """The quiet tail: no new fault, every condition lifted (stalls, partitions, throttles)."""
+        """The quiet tail: no new fault, every condition lifted (stalls, partitions, throttles, hung
+        calls to come, a failing or stalling sink; a call hung already stays hung)."""
         self.active = False
         self.slow.clear()
         self.cut.clear()
@@ -66,6 +67,9 @@ class Faults:
         self.table_fail_before = self.table_fail_after = 0.0
         self.world.kinesis.throttle.clear()
         self.world.kinesis.expire_chance = 0.0
+        self.hangs.clear()
+        self.stuck.clear()
+        self.world.sink_mix.fail = self.world.sink_mix.stall = 0.0
 
     async def chaos(self, until: float) -> None:
         """Inject faults at random intervals (mean ``mean_gap_s``) until virtual time ``until``."""
@@ -161,7 +165,7 @@ class Faults:
         """Kinesis calls on one shard hang for a while."""
         w = self.world
         shard = w.rng.choice(sorted(w.kinesis.shards))
-        self.stalls[shard] = w.now() + w.rng.uniform(1.0, 15.0)
+        self.stalls[shard] = min(w.now() + w.rng.uniform(1.0, 15.0), w.fault_end)  # over when the faults stop
         self._note("stall", shard=shard)
 
     async def hang(self) -> None:

@@ -65,7 +65,7 @@ class SimSink:
     async def _answer(self, records: Sequence[Record], shard: str, seqs: list[int]) -> None:
         w, mix = self.world, self.world.sink_mix
         if w.chance(mix.stall):
-            await w.sleep(mix.stall_s)
+            await w.sleep(min(mix.stall_s, max(0.0, w.fault_end - w.now())))  # a stall ends with the faults
         await w.sleep(mix.latency_s * (0.5 + w.rng.random()))
         if self.dead:
             await asyncio.get_running_loop().create_future()  # a dead process answers nothing

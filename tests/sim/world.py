@@ -137,7 +137,7 @@ class World:
         fault_s: how long faults are injected, virtual seconds (then the quiet tail).
     """
 
-    def __init__(self, seed: int, *, fault_s: float = 40.0, cfg: Config | None = None) -> None:
+    def __init__(self, seed: int, *, fault_s: float = 30.0, cfg: Config | None = None) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.loop = asyncio.get_running_loop()
