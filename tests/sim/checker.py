@@ -148,8 +148,8 @@ def _write(r: _Replay, t: float, f: dict[str, Any]) -> None:
                                    f"last write (lease {r.cfg.lease_s} s)")
     if f["counter"] != f["was_counter"]:
         r.counter_at[shard] = t
+    _graceful(r, t, f)  # before _holder: a hand-over ends the tenure whose acknowledgements it judges
     _holder(r, t, f)
-    _graceful(r, t, f)
     _checkpoint(r, t, f)
 
 
