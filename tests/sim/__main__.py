@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 
@@ -71,9 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mutants", action="store_true", help="hunt every registered mutant")
     p.add_argument("--cap", type=int, default=500, help="most seeds per mutant (default 500)")
     p.add_argument("--figures", action="store_true", help="print the speed figures")
+    p.add_argument("--stuck", action="store_true",
+                   help="also a reader pool thread stuck for good (SIM_STUCK=1; a known liveness gap)")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--fault-s", type=float, default=FAULT_S, help=f"simulated seconds of faults per seed (default {FAULT_S:.0f})")
     args = p.parse_args(argv)
+    if args.stuck:
+        os.environ["SIM_STUCK"] = "1"  # read by the faults, in this process and the forked workers
     if args.figures:
         for line in figures():
             print(line)

@@ -145,6 +145,8 @@ class World:
         self.history = History(self.loop.time)
         self.cfg = cfg or Config.draw(self.rng, fault_s=fault_s)
         self.sink_mix = SinkMix(self.rng)
+        if self.cfg.sink_retries < 5:  # a sink that gives up: often enough that lanes fail (and instances restart)
+            self.sink_mix.fail = max(self.sink_mix.fail, 0.3)
         self.rows = SimRows(self.history.add)
         self.rows.race = self.race
         self.kinesis = SimKinesis(self.cfg.shards, clock=self.now, wall=self.wall, chance=self.chance)
