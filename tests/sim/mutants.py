@@ -1,7 +1,8 @@
 """``make sim-mutants``: every mutant registered in :mod:`kinesis_actors.mutation` must be caught.
 
 For each mutant, seeds from ``start`` on run with it planted, in rounds over the workers, until
-one has a violation (caught) or ``cap`` seeds passed (missed). The mutants are read from
+one has a violation that the same seed without the mutant does not have (caught) or ``cap``
+seeds passed (missed). The mutants are read from
 :data:`kinesis_actors.mutation.MUTANTS` after importing the library's modules (each registers
 its own at import), never listed here.
 """
@@ -15,7 +16,7 @@ import time
 import kinesis_actors
 from kinesis_actors import mutation
 
-from .run import run_range
+from .run import run_range, run_seed
 
 __all__ = ["registered", "hunt"]
 
@@ -43,8 +44,8 @@ def hunt(names: list[str], *, start: int, cap: int, fault_s: float, workers: int
             batch = range(start + taken, start + min(cap, taken + step))
             for result in run_range(batch, fault_s=fault_s, mutants=(name,), workers=workers):
                 taken += 1
-                if result.violations:
-                    caught, why = True, f"seed {result.seed}: {result.violations[0].name}"
+                if result.violations and not run_seed(result.seed, fault_s=fault_s).violations:
+                    caught, why = True, f"seed {result.seed}: {result.violations[0].name}"  # clean unplanted
                     break
         rows.append((name, taken, caught, why, time.perf_counter() - t))
     print(f"{'mutant':<36} {'seeds':>5}  caught  by")
