@@ -74,6 +74,7 @@ class _Replay:
         self.acked_by: dict[tuple[str, str], set[int]] = defaultdict(set)  # (process, shard) -> seqs it acked
         self.holder: dict[str, str] = {}  # shard -> the reader process holding it since the last take
         self.taker: dict[str, str] = {}  # shard -> the incarnation that last took it
+        self.start: dict[str, Any] = {}  # shard -> its start_position as last written
         self._exemptions()
 
     def _exemptions(self) -> None:
@@ -190,7 +191,9 @@ def _graceful(r: _Replay, t: float, f: dict[str, Any]) -> None:
 
 def _checkpoint(r: _Replay, t: float, f: dict[str, Any]) -> None:
     shard, cp = f["shard"], f["checkpoint"]
-    if cp is None and f["was_checkpoint"] is not None:  # a seek removes the checkpoint (start_position moved)
+    moved = f.get("start") is not None and r.start.get(shard, f.get("start")) != f.get("start")
+    r.start[shard] = f.get("start")
+    if (cp is None and f["was_checkpoint"] is not None) or moved:  # a seek: checkpoint removed, start_position moved
         r.checkpoint.pop(shard, None)
         for who, sid in list(r.acked_by):
             if sid == shard:
