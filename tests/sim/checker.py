@@ -240,6 +240,9 @@ def _liveness(r: _Replay, events: list[Any]) -> None:
     w, cfg = r.world, r.cfg
     bound = cfg.lease_s + cfg.poll_s + cfg.renew_s + LIVENESS_SLACK_S
     quiet = next((t for t, kind, _ in events if kind == "quiet"), w.fault_end)
+    # an instance started as the faults stop (a crashed one back) must first see a lease silent for
+    # a whole lease duration, as any taker: the window starts once the last of them started
+    quiet = max([quiet] + [t for t, kind, _ in events if kind == "start" and t <= quiet + cfg.lease_s])
     ended_at: dict[str, float] = {}
     first_read: dict[str, float] = {}
     for t, kind, f in events:

@@ -46,7 +46,7 @@ class Faults:
     def table_latency_s(self, instance: str) -> float:
         """Latency of one lease-table call from ``instance`` now, seconds."""
         latency, until = self.slow.get(instance, (0.0, 0.0))
-        extra = latency if self.world.now() < until else 0.0
+        extra = min(latency, max(0.0, self.world.fault_end - self.world.now())) if self.world.now() < until else 0.0
         return self.base_table_s * (0.5 + self.world.rng.random()) + extra
 
     def partitioned(self, instance: str) -> bool:
