@@ -113,6 +113,16 @@ def test_shard_end_writes_shard_end_after_last_ack_and_releases() -> None:
     assert row.checkpoint == SHARD_END and row.owner is None
 
 
+def test_a_failed_release_after_shard_end_leaves_the_row_to_expire_and_the_loop_ends_shard_ended() -> None:
+    """Found by the simulator: the release after ``SHARD_END`` lost its response (the write
+    landed); that error failed the read loop, and with it the whole subscription."""
+    shard, rows, sink = FakeShard(30, closed=True), InProcessLeaseStore(), Recorder()
+    store = FlakyLeaseStore(rows, "release", nth=1, when="after")  # written, the response lost
+    outcome = asyncio.run(run_until(make_reader(shard, store, sink), lambda: False))  # type: ignore[arg-type]
+    assert outcome == ConsumerState.SHARD_ENDED and store.failures == 1
+    assert rows.get(STREAM, SHARD).checkpoint == SHARD_END
+
+
 def test_sink_failures_are_retried_and_never_checkpointed_past() -> None:
     shard, store = FakeShard(10), InProcessLeaseStore()
     sink = Recorder(fail_first=2)
