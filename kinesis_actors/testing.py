@@ -937,6 +937,7 @@ class LocalReader:
         self.calls: dict[str, int] = {}
         self.lease_ages: dict[str, float | None] = {}  # shard id -> lease_age_s of its last add
         self.handoff_requests: list[tuple[str, str]] = []  # (shard id, asker) passed on by the Coordinator
+        self._killed: asyncio.Future[None] | None = None  # done once killed (wakes the calls in flight)
 
     def _check(self, method: str) -> None:
         from .coordinator import ReaderGone
@@ -949,13 +950,18 @@ class LocalReader:
         """Run a call; if the reader is killed meanwhile, raise ReaderGone like Ray does."""
         from .coordinator import ReaderGone
 
-        self._check(method)
+        try:
+            self._check(method)
+        except ReaderGone:
+            awaitable.close()  # the call never reaches the dead reader (and is not left unawaited)
+            raise
         task = asyncio.ensure_future(awaitable)
-        while not task.done():
-            await asyncio.wait({task}, timeout=0.01)
-            if self.dead:
-                task.cancel()
-                raise ReaderGone("LocalReader killed")
+        if self._killed is None:
+            self._killed = asyncio.get_running_loop().create_future()
+        await asyncio.wait({task, self._killed}, return_when=asyncio.FIRST_COMPLETED)
+        if self.dead:
+            task.cancel()
+            raise ReaderGone("LocalReader killed")
         return task.result()
 
     async def ping(self) -> None:
@@ -996,6 +1002,8 @@ class LocalReader:
         if self.dead:
             return
         self.dead = True
+        if self._killed is not None and not self._killed.done():
+            self._killed.set_result(None)
         self.core.abort()
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .. import metrics
@@ -93,6 +93,10 @@ class CoordinatorCore:
         clock: monotonic clock, seconds; sleep: the matching sleep (every timer uses them).
         reader_demand: a :class:`~kinesis_actors.load.autoscale.ReaderDemand` asking Ray's
             autoscaler for nodes that can hold readers (None: never).
+        io: ``async io(fn, *args, **kwargs)`` running one blocking call (lease store,
+            ``ListShards``) and returning its result or raising its error; None: in this
+            Coordinator's thread pool (``threads``). A simulator passes an inline one so that
+            no thread decides the order of events.
 
     Attributes:
         leases / pool / placements / handoffs / presence / loads: the parts (:class:`LeasePoll`,
@@ -111,7 +115,8 @@ class CoordinatorCore:
                  on_fatal: Callable[[BaseException], Any] | None = None, call_timeout_s: float = 30.0,
                  handoff_timeout_s: float | None = None, reader_start_timeout_s: float = 60.0,
                  clock: Callable[[], float] = monotonic_s, sleep: Sleep = asyncio.sleep,
-                 reader_demand: Any = None) -> None:
+                 reader_demand: Any = None, io: Callable[..., Awaitable[Any]] | None = None) -> None:
+        self._run_blocking = io
         self.stream, self.aws, self.store, self.owner_id = stream, aws, store, owner_id
         self.lease_duration_s, self.renew_interval_s = lease_duration_s, renew_interval_s
         self.max_shards_per_reader = stream.max_shards_per_reader
@@ -161,7 +166,10 @@ class CoordinatorCore:
         return self.leases.last_plan
 
     async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a blocking call (lease store, ListShards) in this Coordinator's threads."""
+        """Run a blocking call (lease store, ListShards) through ``io``, else in this Coordinator's threads."""
+        if self._run_blocking is not None:
+            result: T = await self._run_blocking(fn, *args, **kwargs)
+            return result
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.threads, lambda: fn(*args, **kwargs))
 

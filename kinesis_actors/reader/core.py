@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..clock import cpu_s, monotonic_s
+from ..clock import cpu_s, monotonic_s, wall_s
 from ..errors import InvalidError
 from ..leases.protocol import Lease, LeaseStore
 from ..load.meter import LoadFigures
@@ -19,7 +19,7 @@ from ..sinks.hooks import ShardHook
 from .consumer import STOP_SLACK_S, ShardConsumer
 from .io import ReaderIo
 from .reading import ByteBudget
-from .spec import DEFAULT_MAX_BUFFERED_BYTES, Deliver, ReaderSpec, Sleep
+from .spec import DEFAULT_MAX_BUFFERED_BYTES, Deliver, ReaderSpec, Rng, Sleep
 from .states import ConsumerState
 from .timers import wait_all, wait_event
 
@@ -80,6 +80,9 @@ class ShardReaderCore:
             and records/s), seconds; they are sampled at every :meth:`events` and
             :meth:`stats` call (the Coordinator's watch calls ``events`` every few seconds).
         cpu_time: CPU seconds used by this process so far (default :func:`~kinesis_actors.clock.cpu_s`).
+        wall_clock: epoch seconds (record ages, ``AT_TIMESTAMP``; default :func:`~kinesis_actors.clock.wall_s`).
+        rng: uniform draws in [0, 1) for every consumer's renewal spread and backoff jitter
+            (default ``random.random``).
 
     Raises:
         InvalidError: ``max_buffered_bytes`` is not a positive int.
@@ -89,7 +92,9 @@ class ShardReaderCore:
                  max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES, io: ReaderIo | None = None,
                  clock: Callable[[], float] = monotonic_s, sleep: Sleep = asyncio.sleep,
                  hooks: Callable[[str, str, int], ShardHook] | None = None,
-                 load_window_s: float = 10.0, cpu_time: Callable[[], float] = cpu_s) -> None:
+                 load_window_s: float = 10.0, cpu_time: Callable[[], float] = cpu_s,
+                 wall_clock: Callable[[], float] = wall_s, rng: Rng | None = None) -> None:
+        self._wall_clock, self._rng = wall_clock, rng
         self._store = store
         self._hooks = hooks
         self._deliver = deliver
@@ -144,7 +149,7 @@ class ShardReaderCore:
         hook = self._hooks(spec.stream, shard_id, lease.counter) if self._hooks is not None else None
         consumer = ShardConsumer(spec, lease, self._store, self._deliver, self._kinesis, io=self._io,
                                  budget=self.budget, clock=self._clock, on_open=on_open, lease_age_s=lease_age_s,
-                                 sleep=self._sleep, hook=hook)
+                                 sleep=self._sleep, hook=hook, wall_clock=self._wall_clock, rng=self._rng)
         self._consumers[shard_id] = consumer
         # The consumer's run() is the task itself (no wrapper coroutine resumed at every step);
         # what the process keeps of it is settled by a callback once it ends.

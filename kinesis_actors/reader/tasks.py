@@ -41,6 +41,17 @@ before the consumer fails instead of writing ``SHARD_END`` (a sink that cannot f
 table whose catalog stays down that long: the next owner reads the shard again)."""
 
 
+LATEST_CLOCK_MARGIN_S = 5.0
+"""How much earlier than this host's wall clock a first open at ``LATEST`` records its
+``start_position`` (``AT_TIMESTAMP``), seconds. ``AT_TIMESTAMP`` is judged by AWS against each
+record's ``ApproximateArrivalTimestamp`` (the service's clock), so a host clock ahead of the
+service's by ``d`` would record a position ``d`` after the ``LATEST`` iterator actually read, and a
+replacement opening there before any checkpoint (or this reader, after its first iterator
+expired) would skip the records of those ``d`` seconds. Recording earlier costs at most this
+many seconds of records before the first open, delivered again by such a replacement
+(at-least-once); it covers host clocks up to this far ahead."""
+
+
 def resume_position(lease: Lease) -> StartAt | None:
     """Where ``lease`` says to open: after its checkpoint, else its recorded start position
     (None: a first open, nothing recorded yet)."""
@@ -84,8 +95,8 @@ async def initialize(spec: ReaderSpec, kinesis: Any, keeper: LeaseKeeper, readin
     start = position
     if position is None:  # a first open: record where, resolved once
         start = recorded = spec.start_at
-        if start.kind == "LATEST":
-            recorded = StartAt("AT_TIMESTAMP", timestamp_ms=int(wall_clock() * 1000))
+        if start.kind == "LATEST":  # earlier by the clock margin: never after the LATEST iterator by AWS's clock
+            recorded = StartAt("AT_TIMESTAMP", timestamp_ms=int((wall_clock() - LATEST_CLOCK_MARGIN_S) * 1000))
         at = recorded.to_str()
         await keeper.retried("set_start_position", lambda: keeper.write(
             "set_start_position", keeper.store.set_start_position, at))
@@ -142,7 +153,8 @@ async def shut_down(stop: Stop, spec: ReaderSpec, keeper: LeaseKeeper, checkpoin
 
     * ``SHARD_END``: write the ``SHARD_END`` checkpoint (past every acknowledged record:
       the read loop drained the shard first; a transient store error is retried by
-      :meth:`LeaseKeeper.retried`), then release.
+      :meth:`LeaseKeeper.retried`), then release (a store error other than a lost lease is
+      logged: the row, at ``SHARD_END``, then expires).
     * ``REQUESTED``/``HANDOFF``: checkpoint what was acknowledged, then hand the lease to
       the asker, or release it (unless asked to keep it). A store error other than a lost
       lease is logged: the lease then expires.
@@ -162,7 +174,14 @@ async def shut_down(stop: Stop, spec: ReaderSpec, keeper: LeaseKeeper, checkpoin
             await keeper.retried("checkpoint SHARD_END", lambda: keeper.write(
                 "checkpoint SHARD_END", store.checkpoint, SHARD_END))
         stats["checkpoint"] = SHARD_END
-        await keeper.write("release", lambda lease: store.release(lease))
+        try:
+            await keeper.write("release", lambda lease: store.release(lease))
+        except LeaseLostError:
+            raise
+        except KinesisError as e:  # the row is at SHARD_END already: it only waits to expire
+            log.warning("shard %s: SHARD_END written; the release failed (%s), the lease will expire",
+                        spec.shard_id, e)
+            return stop
         log.info("shard %s: read to its end; SHARD_END written, lease released", spec.shard_id)
         return stop
     late = _EARLY_RELEASE in mutation.ACTIVE
@@ -236,14 +255,18 @@ async def seek(position: StartAt, spec: ReaderSpec, keeper: LeaseKeeper, checkpo
     ``start_position`` is rewritten (fenced), the checkpoint cleared (the one allowed move
     backwards) and the fetcher reopened there.
 
+    The write is retried like every lease write (:meth:`LeaseKeeper.retried`): a transient
+    store error never fails the read loop; the lease is given up once in doubt.
+
     Raises:
-        LeaseLostError: the lease was lost. KinesisError: the write failed.
+        LeaseLostError: the lease was lost (or given up in doubt). KinesisError: the store
+            refused the write for good (not retriable).
     """
     reading.give_back()
     fetcher = reading.fetcher
     assert fetcher is not None
     at = position.to_str()
-    await keeper.write("seek", lambda lease: keeper.store.set_start_position(lease, at))
+    await keeper.retried("seek", lambda: keeper.write("seek", keeper.store.set_start_position, at))
     checkpoints.clear()
     stats["checkpoint"] = None
     fetcher.seek(position)
