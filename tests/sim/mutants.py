@@ -18,7 +18,13 @@ from kinesis_actors import mutation
 
 from .run import run_range, run_seed
 
-__all__ = ["registered", "hunt"]
+__all__ = ["registered", "hunt", "NOT_SIMULATED"]
+
+NOT_SIMULATED: dict[str, str] = {
+    "table_commit_without_fence": "no table-sink model in the simulator yet; tests/unit/test_mutants.py shows it breaks the fence",
+}
+"""Mutants of parts the simulator does not model: listed in the table as not simulated, not hunted,
+and not counted as caught (``make sim-mutants`` says how many there are)."""
 
 
 def registered() -> list[str]:
@@ -36,7 +42,8 @@ def registered() -> list[str]:
 def hunt(names: list[str], *, start: int, cap: int, fault_s: float, workers: int) -> int:
     """Hunt each of ``names``; print the table; 0 if every one was caught, else 1."""
     rows, t0 = [], time.perf_counter()
-    for name in names:
+    skipped = [n for n in names if n in NOT_SIMULATED]
+    for name in (n for n in names if n not in NOT_SIMULATED):
         t = time.perf_counter()
         taken, caught, why = 0, False, ""
         step = max(8, 4 * workers)
@@ -51,7 +58,10 @@ def hunt(names: list[str], *, start: int, cap: int, fault_s: float, workers: int
     print(f"{'mutant':<36} {'seeds':>5}  caught  by")
     for name, taken, caught, why, wall in rows:
         print(f"{name:<36} {taken:>5}  {'yes' if caught else 'NO ':<6}  {why} ({wall:.1f} s)")
+    for name in skipped:
+        print(f"{name:<36} {'-':>5}  n/a     not simulated: {NOT_SIMULATED[name]}")
     missed = [r[0] for r in rows if not r[2]]
     print(f"sim-mutants: {len(rows) - len(missed)} of {len(rows)} caught in {time.perf_counter() - t0:.1f} s"
-          + (f"; MISSED: {', '.join(missed)}" if missed else ""))
+          + (f"; MISSED: {', '.join(missed)}" if missed else "")
+          + (f"; {len(skipped)} not simulated" if skipped else ""))
     return 1 if missed else 0
