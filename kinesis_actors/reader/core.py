@@ -12,6 +12,7 @@ from typing import Any
 from ..clock import cpu_s, monotonic_s
 from ..errors import InvalidError
 from ..leases.protocol import Lease, LeaseStore
+from ..load.busy import LoopBusyMeter
 from ..load.meter import LoadFigures
 from ..metrics import reader_load_tick
 from ..records import StartAt
@@ -80,6 +81,9 @@ class ShardReaderCore:
             and records/s), seconds; they are sampled at every :meth:`events` and
             :meth:`stats` call (the Coordinator's watch calls ``events`` every few seconds).
         cpu_time: CPU seconds used by this process so far (default :func:`~kinesis_actors.clock.cpu_s`).
+        loop_busy: the meter of the event loop this core runs on (its figure ``loop_busy``), or None
+            (not measured: several in-process cores sharing one loop, as tests run them, would
+            each report the whole loop's). The reader process passes one.
 
     Raises:
         InvalidError: ``max_buffered_bytes`` is not a positive int.
@@ -89,7 +93,8 @@ class ShardReaderCore:
                  max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES, io: ReaderIo | None = None,
                  clock: Callable[[], float] = monotonic_s, sleep: Sleep = asyncio.sleep,
                  hooks: Callable[[str, str, int], ShardHook] | None = None,
-                 load_window_s: float = 10.0, cpu_time: Callable[[], float] = cpu_s) -> None:
+                 load_window_s: float = 10.0, cpu_time: Callable[[], float] = cpu_s,
+                 loop_busy: LoopBusyMeter | None = None) -> None:
         self._store = store
         self._hooks = hooks
         self._deliver = deliver
@@ -104,7 +109,7 @@ class ShardReaderCore:
         self._events_changed: asyncio.Event | None = None
         self._ended: dict[str, dict[str, Any]] = {}  # last stats of consumers that ended (bounded below)
         self.info: dict[str, Any] = {}
-        self.load = LoadFigures(load_window_s, cpu_time=cpu_time, clock=clock)
+        self.load = LoadFigures(load_window_s, cpu_time=cpu_time, clock=clock, busy=loop_busy)
         self._load_figures: dict[str, Any] = {"cpu": 0.0}
 
     def _changed(self) -> asyncio.Event:
