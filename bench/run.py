@@ -21,7 +21,7 @@ from .common import Results, ensure_venv, merge_results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SECTIONS = ("throughput", "peer", "latency", "memory", "failover", "scale", "peer_kcl_rs", "efo", "checkpoints",
-            "delivery", "lease_cost", "skew", "demo")
+            "delivery", "lease_cost", "skew", "skew_balance", "demo")
 PEER_PACKAGE = "async-kinesis==3.0.1"
 
 DEFAULT = {
@@ -43,6 +43,8 @@ DEFAULT = {
     "lc_idle_shards": 64, "lc_load_shards": 8, "lc_rate_per_shard": 15, "lc_settle_s": 5.0, "lc_window_s": 30.0,
     "lc_kill_s": 10.0, "lc_intervals": ["default", 0, 10],
     "skew_per_shard": 100_000, "skew_filter_us": 150, "skew_timeout_s": 900.0,
+    "sb_hot_records": 50, "sb_hot_bytes": 1000, "sb_cold_bytes": 200, "sb_settle_quiet_s": 20.0,
+    "sb_settle_timeout_s": 180.0, "sb_watch_s": 180.0, "sb_kills": 2,
 }
 QUICK = {
     "tp_records_per_shard": 500, "tp_record_bytes": 1024, "tp_reps": 1,
@@ -62,6 +64,8 @@ QUICK = {
     "lc_idle_shards": 8, "lc_load_shards": 2, "lc_rate_per_shard": 15, "lc_settle_s": 1.0, "lc_window_s": 3.0,
     "lc_kill_s": 2.0, "lc_intervals": ["default"],
     "skew_per_shard": 4_000, "skew_filter_us": 400, "skew_timeout_s": 180.0,
+    "sb_hot_records": 20, "sb_hot_bytes": 1000, "sb_cold_bytes": 200, "sb_settle_quiet_s": 5.0,
+    "sb_settle_timeout_s": 60.0, "sb_watch_s": 10.0, "sb_kills": 1,
 }
 DEFAULT_TIMINGS = {"lease_duration_s": 10.0, "renew_interval_s": 3.0, "lease_poll_interval_s": 2.0}
 QUICK_TIMINGS = {"lease_duration_s": 2.0, "renew_interval_s": 0.5, "lease_poll_interval_s": 0.5}
@@ -179,13 +183,27 @@ def main(argv: list[str] | None = None) -> int:
         write()  # partial results survive a crash later on
 
     needs_ray = [s for s in sections if s in ("throughput", "latency", "memory", "failover", "scale", "peer_kcl_rs",
-                                              "efo", "checkpoints", "delivery", "lease_cost", "skew")]
+                                              "efo", "checkpoints", "delivery", "lease_cost", "skew",
+                                              "skew_balance")]
     if needs_ray:
         import ray
 
         from kinesis_actors.emulator import Emulator
 
-        from . import checkpoints, delivery, efo, failover, latency, lease_cost, memory, peer_kcl_rs, scale, skew, throughput
+        from . import (
+            checkpoints,
+            delivery,
+            efo,
+            failover,
+            latency,
+            lease_cost,
+            memory,
+            peer_kcl_rs,
+            scale,
+            skew,
+            skew_balance,
+            throughput,
+        )
 
         t = time.monotonic()
         with Emulator() as emu:
@@ -205,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name, mod in (("throughput", throughput), ("latency", latency), ("memory", memory),
                                   ("failover", failover), ("scale", scale), ("peer_kcl_rs", peer_kcl_rs),
                                   ("efo", efo), ("checkpoints", checkpoints), ("delivery", delivery),
-                                  ("lease_cost", lease_cost), ("skew", skew)):
+                                  ("lease_cost", lease_cost), ("skew", skew),
+                                  ("skew_balance", skew_balance)):
                     if name in sections:
                         section(name, mod.run)
             finally:
