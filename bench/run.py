@@ -43,6 +43,7 @@ DEFAULT = {
     "lc_idle_shards": 64, "lc_load_shards": 8, "lc_rate_per_shard": 15, "lc_settle_s": 5.0, "lc_window_s": 30.0,
     "lc_kill_s": 10.0, "lc_intervals": ["default", 0, 10],
     "skew_per_shard": 100_000, "skew_filter_us": 150, "skew_timeout_s": 900.0,
+    "skew_order": ["count", "by_hand", "load"],
     "sb_hot_records": 50, "sb_hot_bytes": 1000, "sb_cold_bytes": 200, "sb_settle_quiet_s": 20.0,
     "sb_settle_timeout_s": 180.0, "sb_watch_s": 180.0, "sb_kills": 2,
 }
@@ -64,6 +65,7 @@ QUICK = {
     "lc_idle_shards": 8, "lc_load_shards": 2, "lc_rate_per_shard": 15, "lc_settle_s": 1.0, "lc_window_s": 3.0,
     "lc_kill_s": 2.0, "lc_intervals": ["default"],
     "skew_per_shard": 4_000, "skew_filter_us": 400, "skew_timeout_s": 180.0,
+    "skew_order": ["count", "by_hand", "load"],
     "sb_hot_records": 20, "sb_hot_bytes": 1000, "sb_cold_bytes": 200, "sb_settle_quiet_s": 5.0,
     "sb_settle_timeout_s": 60.0, "sb_watch_s": 10.0, "sb_kills": 1,
 }
