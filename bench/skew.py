@@ -112,7 +112,8 @@ def run(ctx: Any, res: Results) -> None:
             check=lambda v: hand["drain_s"] is not None and v <= 1.1 * hand["drain_s"],
             note=f"{setting}; by hand: {hand['readers']} readers, duplicates {hand['duplicates']}")
     res.add(S, "skew_target_passed_to_move_done_s", load["passed_to_apart_s"], "s", goal="<= 2 x load_window_s + 2 s",
-            check=lambda v: v <= 6.0, note="from a reader's figures in stats() passing the target (cpu above 0.6 or loop_busy >= 0.9) "
-                 "to the hot shards on two readers")
+            check=lambda v: v <= 6.0,
+            note="from a reader's figures in stats() passing the target (cpu above 0.6 or loop_busy >= 0.9) to the hot "
+                 "shards on two readers, both seen by the driver's look at stats() every 0.5-1 s (0.0: in the same look)")
     res.add(S, "skew_duplicates", float(sum(g["duplicates"] for g in got.values())), "records", goal="0",
             check=lambda v: v == 0, note="all three drains")
