@@ -193,7 +193,7 @@ class ShardReaderCore:
         return out
 
     def sample_load(self) -> dict[str, Any]:
-        """Sample the load figures now: the process's ``cpu`` (cores) is returned, and each
+        """Sample the load figures now: the process's ``cpu`` (cores) and ``loop_busy`` are returned, and each
         consumer's ``stats`` gains ``bytes_per_s``, ``records_per_s`` and ``load_known``
         (exported as metrics with the shard's other figures); the CPU is exported too."""
         self.load.annotate(self._load_figures, {sid: c.stats for sid, c in self._consumers.items()})
@@ -246,7 +246,9 @@ class ShardReaderCore:
         and budget_drops. Reader figures: shards, buffered_bytes,
         peak_buffered_bytes, max_buffered_bytes, budget_waits, kinesis_call_limit and
         kinesis_call_limit_cuts (:class:`CallLimit`), ``cpu`` (cores over the last
-        ``load_window_s``, 0.0 before a full window) and ``load_window_s``, and :attr:`info`
+        ``load_window_s``, 0.0 before a full window), ``loop_busy`` (fraction of wall time
+        the event loop was busy over that window, 0.0 while not known), ``load_known``,
+        ``loop_busy_known`` and ``load_window_s``, and :attr:`info`
         (the shell adds node_id and pid). Each shard's figures also carry ``bytes_per_s``,
         ``records_per_s`` and ``load_known`` (:meth:`sample_load`).
         """
