@@ -45,7 +45,7 @@ DEFAULT = {
     "skew_per_shard": 100_000, "skew_filter_us": 150, "skew_timeout_s": 900.0,
     "skew_order": ["count", "by_hand", "load"],
     "sb_hot_records": 50, "sb_hot_bytes": 1000, "sb_cold_bytes": 200, "sb_settle_quiet_s": 20.0,
-    "sb_settle_timeout_s": 180.0, "sb_watch_s": 180.0, "sb_kills": 2,
+    "sb_settle_timeout_s": 180.0, "sb_watch_s": 180.0, "sb_kills": 2, "sb_after_ready_s": 30.0,
 }
 QUICK = {
     "tp_records_per_shard": 500, "tp_record_bytes": 1024, "tp_reps": 1,
@@ -67,7 +67,7 @@ QUICK = {
     "skew_per_shard": 4_000, "skew_filter_us": 400, "skew_timeout_s": 180.0,
     "skew_order": ["count", "by_hand", "load"],
     "sb_hot_records": 20, "sb_hot_bytes": 1000, "sb_cold_bytes": 200, "sb_settle_quiet_s": 5.0,
-    "sb_settle_timeout_s": 60.0, "sb_watch_s": 10.0, "sb_kills": 1,
+    "sb_settle_timeout_s": 60.0, "sb_watch_s": 10.0, "sb_kills": 1, "sb_after_ready_s": 5.0,
 }
 DEFAULT_TIMINGS = {"lease_duration_s": 10.0, "renew_interval_s": 3.0, "lease_poll_interval_s": 2.0}
 QUICK_TIMINGS = {"lease_duration_s": 2.0, "renew_interval_s": 0.5, "lease_poll_interval_s": 0.5}

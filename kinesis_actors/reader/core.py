@@ -195,7 +195,7 @@ class ShardReaderCore:
     def sample_load(self) -> dict[str, Any]:
         """Sample the load figures now: the process's ``cpu`` (cores) and ``loop_busy`` are returned, and each
         consumer's ``stats`` gains ``bytes_per_s``, ``records_per_s`` and ``load_known``
-        (exported as metrics with the shard's other figures); the CPU is exported too."""
+        (exported as metrics with the shard's other figures); the CPU and loop_busy are exported too."""
         self.load.annotate(self._load_figures, {sid: c.stats for sid, c in self._consumers.items()})
         spec = next((c.spec for c in self._consumers.values()), None)
         if spec is not None:
