@@ -19,7 +19,9 @@ table at 1,000), ``peer_kcl_rs`` (ours beside kcl-rs, KCL v3 in Rust, from its o
 crash failover, graceful stop and balancing of two workers; ``python -m bench.peer_kcl_rs``
 prints its table), ``skew`` (two hot shards with a CPU-costly ``record_filter``: drain time
 under placement by load against count placement and a pool sized by hand, the time from a
-reader passing ``reader_target_cpu`` to the move), ``demo`` (``kinesis-actors demo`` wall time split).
+reader passing ``reader_target_cpu`` to the move), ``skew_balance`` (two instances and one super-hot
+shard of 8 by load and by count: the hot owner's other leases, lease moves in steady load, lease-table
+writes; a reader SIGKILL's re-spread), ``demo`` (``kinesis-actors demo`` wall time split).
 
 Every figure in ``results.json`` has ``name``, ``value``, ``unit``, ``anchor`` (what it is
 compared to), ``anchor_value``, ``ratio`` (value / anchor_value), ``goal`` and ``goal_met``.

@@ -21,7 +21,7 @@ from .common import Results, ensure_venv, merge_results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SECTIONS = ("throughput", "peer", "latency", "memory", "failover", "scale", "peer_kcl_rs", "efo", "checkpoints",
-            "delivery", "lease_cost", "skew", "tables", "demo")
+            "delivery", "lease_cost", "skew", "skew_balance", "tables", "demo")
 PEER_PACKAGE = "async-kinesis==3.0.1"
 
 DEFAULT = {
@@ -44,6 +44,9 @@ DEFAULT = {
     "lc_kill_s": 10.0, "lc_intervals": ["default", 0, 10],
     "skew_per_shard": 100_000, "skew_filter_us": 150, "skew_timeout_s": 900.0,
     "tables_records": 20_000, "tables_rate": 50, "tables_seconds": 20.0, "tables_kills": 5,
+    "skew_order": ["count", "by_hand", "load"],
+    "sb_hot_records": 50, "sb_hot_bytes": 1000, "sb_cold_bytes": 200, "sb_settle_quiet_s": 20.0,
+    "sb_settle_timeout_s": 180.0, "sb_watch_s": 180.0, "sb_kills": 2, "sb_after_ready_s": 30.0,
 }
 QUICK = {
     "tp_records_per_shard": 500, "tp_record_bytes": 1024, "tp_reps": 1,
@@ -64,6 +67,9 @@ QUICK = {
     "lc_kill_s": 2.0, "lc_intervals": ["default"],
     "skew_per_shard": 4_000, "skew_filter_us": 400, "skew_timeout_s": 180.0,
     "tables_records": 2_000, "tables_rate": 50, "tables_seconds": 4.0, "tables_kills": 2,
+    "skew_order": ["count", "by_hand", "load"],
+    "sb_hot_records": 20, "sb_hot_bytes": 1000, "sb_cold_bytes": 200, "sb_settle_quiet_s": 5.0,
+    "sb_settle_timeout_s": 60.0, "sb_watch_s": 10.0, "sb_kills": 1, "sb_after_ready_s": 5.0,
 }
 DEFAULT_TIMINGS = {"lease_duration_s": 10.0, "renew_interval_s": 3.0, "lease_poll_interval_s": 2.0}
 QUICK_TIMINGS = {"lease_duration_s": 2.0, "renew_interval_s": 0.5, "lease_poll_interval_s": 0.5}
@@ -181,13 +187,28 @@ def main(argv: list[str] | None = None) -> int:
         write()  # partial results survive a crash later on
 
     needs_ray = [s for s in sections if s in ("throughput", "latency", "memory", "failover", "scale", "peer_kcl_rs",
-                                              "efo", "checkpoints", "delivery", "lease_cost", "skew", "tables")]
+                                              "efo", "checkpoints", "delivery", "lease_cost", "skew",
+                                              "skew_balance", "tables")]
     if needs_ray:
         import ray
 
         from kinesis_actors.emulator import Emulator
 
-        from . import checkpoints, delivery, efo, failover, latency, lease_cost, memory, peer_kcl_rs, scale, skew, tables, throughput
+        from . import (
+            checkpoints,
+            delivery,
+            efo,
+            failover,
+            latency,
+            lease_cost,
+            memory,
+            peer_kcl_rs,
+            scale,
+            skew,
+            skew_balance,
+            tables,
+            throughput,
+        )
 
         t = time.monotonic()
         with Emulator() as emu:
@@ -207,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name, mod in (("throughput", throughput), ("latency", latency), ("memory", memory),
                                   ("failover", failover), ("scale", scale), ("peer_kcl_rs", peer_kcl_rs),
                                   ("efo", efo), ("checkpoints", checkpoints), ("delivery", delivery),
-                                  ("lease_cost", lease_cost), ("skew", skew), ("tables", tables)):
+                                  ("lease_cost", lease_cost), ("skew", skew),
+                                  ("skew_balance", skew_balance), ("tables", tables)):
                     if name in sections:
                         section(name, mod.run)
             finally:

@@ -198,7 +198,9 @@ class KinesisStream:
             are drained and stopped when the load fits in fewer at half the target each,
             never below ``ceil(leases / max_shards_per_reader) + 1`` (at least 2). One
             process runs Python on one core at a time (the GIL), so a node of C cores
-            carries about ``C / reader_target_cpu`` busy readers.
+            carries about ``C / reader_target_cpu`` busy readers. A reader's load is its CPU, or
+            ``reader_target_cpu x loop_busy / 0.9`` when more (its event loop busy 90 % of the
+            window counts as the target: saturated on a shared node that gives it fewer cores).
         max_readers: most readers load placement grows the pool to (None: no cap but the
             lease count); the count floor above applies whatever this says.
         load_window_s: the window of every load figure (reader CPU, shard bytes/s and

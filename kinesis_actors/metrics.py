@@ -92,7 +92,7 @@ SHARD_GAUGES = {"millis_behind_latest": "millis_behind_latest", "checkpoint_age_
 INSTANCE_COUNTERS = {"leases_taken": "leases_taken", "leases_lost": "leases_lost",
                      "readers_replaced": "readers_replaced"}
 INSTANCE_GAUGES = {"leases_held": "leases_held"}
-READER_GAUGES = {"reader_cpu": "cpu"}
+READER_GAUGES = {"reader_cpu": "cpu", "reader_loop_busy": "loop_busy"}
 _DESCRIPTIONS = {
     "records_delivered": "User records acknowledged by the downstream, per shard.",
     "bytes_delivered": "Payload bytes of the records acknowledged, per shard.",
@@ -111,6 +111,8 @@ _DESCRIPTIONS = {
     "batches_in_flight": "Batches handed to the downstream and not yet acknowledged (<= parallelization_factor).",
     "shard_bytes_per_s": "Bytes/s the shard's reader fetched, averaged over load_window_s (0 before a full window).",
     "reader_cpu": "CPU of one ShardReader process, cores, averaged over load_window_s (0 before a full window).",
+    "reader_loop_busy": "Fraction of wall time the ShardReader's event loop was busy (not waiting in select), 0..1, "
+                        "averaged over load_window_s (0 before a full window or when not measurable).",
     "leases_held": "Shard leases this instance holds (running readers).",
     "leases_taken": "Shard leases this instance took.",
     "leases_lost": "Shard leases this instance lost to another owner or to expiry.",
@@ -257,11 +259,12 @@ def reader_tick(spec: Any, stats: dict[str, Any], *, now: float | None = None, f
 
 def reader_load_tick(stream: str, owner_id: str, pid: str, figures: Mapping[str, Any], *, now: float,
                      force: bool = False) -> None:
-    """A reader's load sample: export its ``cpu`` (cores), at most every ``EXPORT_INTERVAL_S``.
+    """A reader's load sample: export its ``cpu`` (cores) and ``loop_busy`` (fraction of wall time its
+    event loop was busy, 0..1), at most every ``EXPORT_INTERVAL_S``.
 
     Args:
         stream / owner_id / pid: the tags (the stream and owner of its shards, its process id).
-        figures: the reader's load figures (``cpu``).
+        figures: the reader's load figures (``cpu``, ``loop_busy``).
         now: monotonic seconds. force: export even within ``EXPORT_INTERVAL_S``.
     """
     try:

@@ -1,7 +1,8 @@
 """Placement by load for one Coordinator: the figures, the plan, the moves.
 
 At every lease poll (after the pool's upkeep) :class:`LoadMoves` asks each READY reader for
-its figures (``stats``: the process's ``cpu`` over ``load_window_s`` and each shard's
+its figures (``stats``: the process's ``cpu`` and its event loop's ``loop_busy`` over
+``load_window_s``, and each shard's
 ``bytes_per_s`` and ``records_per_s``), hands them with the placements (the one record of
 which shard is on which reader) to :class:`~kinesis_actors.load.placement.LoadPlacer`, and
 carries the plan out: the pool keeps the readers it asks for (:attr:`ReaderPool.wanted`),
@@ -105,4 +106,5 @@ class LoadMoves:
                                    known=bool(f.get("load_known"))))
         own = got.get("reader") or {}
         cpu = float(own.get("cpu") or 0.0) if own.get("load_known") else None
-        return ReaderLoad(reader.id, cpu, tuple(loads))
+        busy = float(own.get("loop_busy") or 0.0) if own.get("loop_busy_known") else None
+        return ReaderLoad(reader.id, cpu, tuple(loads), busy=busy)

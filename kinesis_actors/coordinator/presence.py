@@ -91,7 +91,8 @@ async def collect_stats(readers: list[PooledReader], loads: dict[int, int], last
         try:
             got = await asyncio.wait_for(reader.handle.stats(), STATS_TIMEOUT_S)
         except (ReaderGone, ReaderUnreachable, asyncio.TimeoutError) as e:  # say so; keep its shards' figures
-            known: dict[str, Any] = {k: reader.figures[k] for k in ("cpu", "pid", "node_id") if k in reader.figures}
+            known: dict[str, Any] = {k: reader.figures[k] for k in ("cpu", "loop_busy", "pid", "node_id")
+                                     if k in reader.figures}
             out.append({"reader": reader.id, "id": reader.id, "cpu": 0.0, **known, "unreachable": repr(e)[:200],
                         "shards": loads.get(reader.id, 0)})
             return

@@ -19,49 +19,14 @@ the window is kept here.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..clock import Clock, cpu_s, monotonic_s
+from .busy import LoopBusyMeter
+from .window import WindowRate
 
 __all__ = ["WindowRate", "CpuMeter", "LoadFigures"]
-
-
-class WindowRate:
-    """The rate of a cumulative counter over the last ``window_s`` seconds.
-
-    Args:
-        window_s: the window, seconds (> 0).
-
-    Invariant: the samples kept are the newest one at or before ``newest - window_s`` and
-    every later one, so memory is bounded by the sampling rate times the window.
-    """
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        self._samples: collections.deque[tuple[float, float]] = collections.deque()
-
-    def add(self, now: float, total: float) -> None:
-        """Record the counter's ``total`` at ``now`` (seconds on the caller's monotonic clock).
-        A sample older than the newest one is ignored; a counter that went down (a restart)
-        starts the window again."""
-        if self._samples and now < self._samples[-1][0]:
-            return
-        if self._samples and total < self._samples[-1][1]:
-            self._samples.clear()
-        self._samples.append((now, total))
-        while len(self._samples) >= 2 and self._samples[1][0] <= now - self.window_s:
-            self._samples.popleft()
-
-    def rate(self) -> float | None:
-        """Growth per second over at least one window, or None before a full window was sampled."""
-        if len(self._samples) < 2:
-            return None
-        (t0, v0), (t1, v1) = self._samples[0], self._samples[-1]
-        if t1 - t0 < self.window_s * 0.999:  # also t1 <= t0, as window_s > 0
-            return None
-        return (v1 - v0) / (t1 - t0)
 
 
 class CpuMeter:
@@ -88,28 +53,40 @@ class LoadFigures:
     """Adds the load figures to a reader's ``stats()`` result.
 
     The reader's figures gain ``cpu`` (cores over the last window, ``0.0`` before a full
-    one) and ``load_known`` (a full window was measured); each shard's gain
+    one), ``load_known`` (a full window was measured), ``loop_busy`` (the fraction of wall
+    time its event loop was busy over the last window, 0..1, ``0.0`` while not known: see
+    :mod:`.busy`) and ``loop_busy_known``; each shard's gain
     ``bytes_per_s`` and ``records_per_s`` (from its cumulative ``bytes`` and ``records``;
     ``0.0`` before a full window) and ``load_known``. Shards no longer listed are forgotten.
 
     Args:
         window_s: ``load_window_s``, seconds.
         cpu_time / clock: as for :class:`CpuMeter`.
+        busy: the meter of the event loop :meth:`annotate` runs on (attached at its first call),
+            or None: ``loop_busy`` is then not known.
     """
 
     def __init__(self, window_s: float, *, cpu_time: Callable[[], float] = cpu_s,
-                 clock: Clock = monotonic_s) -> None:
+                 clock: Clock = monotonic_s, busy: LoopBusyMeter | None = None) -> None:
         self.window_s = window_s
         self._cpu = CpuMeter(window_s, cpu_time=cpu_time, clock=clock)
+        self.busy = busy
         self._clock = clock
         self._shards: dict[str, tuple[WindowRate, WindowRate]] = {}
 
     def annotate(self, reader: dict[str, Any], shards: Mapping[str, dict[str, Any]]) -> None:
-        """Sample now and write the figures into ``reader`` and each of ``shards`` (in place)."""
+        """Sample now and write the figures into ``reader`` and each of ``shards`` (in place).
+        Called on the reader's event loop, which is then the loop measured (attached once)."""
         now = self._clock()
         cpu = self._cpu.sample()
         reader["cpu"] = round(cpu, 4) if cpu is not None else 0.0
         reader["load_known"] = cpu is not None
+        busy = None
+        if self.busy is not None:
+            self.busy.attach_running()
+            busy = self.busy.sample()
+        reader["loop_busy"] = round(busy, 4) if busy is not None else 0.0
+        reader["loop_busy_known"] = busy is not None
         reader["load_window_s"] = self.window_s
         for sid in [s for s in self._shards if s not in shards]:
             del self._shards[sid]

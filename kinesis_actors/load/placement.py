@@ -25,6 +25,16 @@ readers and their figures (:class:`ReaderLoad`: the process's CPU in cores, aver
   narrows the gap) or, with ``target_cpu=None`` or no measurable load, by count (until
   counts differ by at most one).
 
+**A reader's load** is its CPU, or more when its event loop was busy most of the window:
+``max(cpu, target_cpu x busy / BUSY_SATURATED)`` cores, so saturation is
+``max(cpu / target_cpu, busy / BUSY_SATURATED)`` and a loop busy ``BUSY_SATURATED`` (0.9) of the
+window counts as exactly the target. ``reader_target_cpu`` keeps its meaning, cores per
+reader process: with a core free for it, a loop's busy fraction is about its thread's CPU,
+at most the process's, so ``busy / 0.9 < cpu / target_cpu`` for any target below 0.9 and the
+CPU decides. The busy term wins only when the OS gives the process less CPU than its loop
+wants (a shared node): its loop never idles, yet its CPU stays under the target. Every rule
+below reads "CPU" as this load (None while the CPU figure is not known).
+
 A shard's CPU is not measured on its own (one process, one GIL, shared threads): it is
 estimated as its reader's CPU times the shard's share of the reader's traffic (the mean
 of its share of bytes/s and of records/s), and remembered, so a shard that just moved
@@ -38,7 +48,10 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-__all__ = ["ShardLoad", "ReaderLoad", "Move", "LoadPlan", "LoadPlacer", "IDLE_CPU", "MIN_MOVE_CPU", "count_floor"]
+from .busy import BUSY_SATURATED
+
+__all__ = ["ShardLoad", "ReaderLoad", "Move", "LoadPlan", "LoadPlacer", "IDLE_CPU", "MIN_MOVE_CPU", "count_floor",
+           "BUSY_SATURATED"]
 
 IDLE_CPU = 0.05
 """Cores: below this for the whole pool, load says nothing and re-spreading goes by count."""
@@ -76,11 +89,13 @@ class ShardLoad:
 @dataclasses.dataclass(frozen=True)
 class ReaderLoad:
     """One READY reader: its id, its CPU (cores over the window; None before a full
-    window) and the shards placed on it."""
+    window), the shards placed on it, and its event loop's busy fraction over the window
+    (0..1; None when not known: :mod:`.busy`)."""
 
     id: int
     cpu: float | None
     shards: tuple[ShardLoad, ...] = ()
+    busy: float | None = None
 
     @property
     def shard_ids(self) -> list[str]:
@@ -125,11 +140,13 @@ class LoadPlacer:
         max_readers: most readers load placement grows the pool to (None: the lease count).
         max_shards_per_reader: the cap of shards per reader.
         load_window_s: ``load_window_s``, seconds.
+        busy_saturated: the busy fraction that counts as the target (:data:`BUSY_SATURATED`).
     """
 
     def __init__(self, *, target_cpu: float | None, max_readers: int | None, max_shards_per_reader: int,
-                 load_window_s: float) -> None:
+                 load_window_s: float, busy_saturated: float = BUSY_SATURATED) -> None:
         self.target_cpu, self.max_readers = target_cpu, max_readers
+        self.busy_saturated = busy_saturated
         self.cap, self.window_s = max_shards_per_reader, load_window_s
         self.shard_cpu: dict[str, float] = {}  # last estimate of each shard's CPU, cores
         self._moved: dict[str, tuple[int, float]] = {}  # shard -> (target, when) of a move within 3 windows
@@ -185,11 +202,11 @@ class LoadPlacer:
         target = self.target_cpu
         proj = {r.id: self.projected(r, now) for r in readers}
         counts = {r.id: len(r.shards) for r in readers}
-        hot = [r for r in readers if r.cpu is not None and r.cpu > target and len(r.shards) > 1
+        hot = [r for r in readers if (self.load(r) or 0.0) > target and len(r.shards) > 1
                and now - self._changed_at.get(r.id, _NEVER) >= self.window_s and r.id != self.draining]
         moves: list[Move] = []
         start = False
-        for r in sorted(hot, key=lambda r: (-(r.cpu or 0.0), r.id)):
+        for r in sorted(hot, key=lambda r: (-(self.load(r) or 0.0), r.id)):
             shard = self._hottest(r, now)
             if shard is None:
                 continue
@@ -212,7 +229,7 @@ class LoadPlacer:
         return starting == 0 and ready < cap and now - self._last_start >= self.window_s
 
     def _hottest(self, reader: ReaderLoad, now: float) -> str | None:
-        cpu = reader.cpu or 0.0
+        cpu = self.load(reader) or 0.0
         movable = [s for s in reader.shards if not self._settling(s.shard_id, now)
                    and 0.0 < self.shard_cpu.get(s.shard_id, 0.0) <= cpu - MIN_MOVE_CPU]
         if not movable:
@@ -229,7 +246,7 @@ class LoadPlacer:
             return []
         if any(r.cpu is None or not all(s.known for s in r.shards) for r in readers):
             return []
-        total = sum(r.cpu or 0.0 for r in readers)
+        total = sum(self.load(r) or 0.0 for r in readers)
         if math.ceil(total / (target / 2)) >= len(readers):
             return []
         proj = {r.id: self.projected(r, now) for r in readers}
@@ -305,24 +322,33 @@ class LoadPlacer:
         return Move(best, src, dst, "respread")
 
     # ------------------------------------------------------------------ figures
+    def load(self, reader: ReaderLoad) -> float | None:
+        """``reader``'s load, cores: ``max(cpu, target_cpu x busy / busy_saturated)`` (the CPU alone
+        without a target or a busy figure); None while its CPU figure is not known."""
+        if reader.cpu is None or reader.busy is None or self.target_cpu is None:
+            return reader.cpu
+        return max(reader.cpu, self.target_cpu * reader.busy / self.busy_saturated)
+
     def _estimate(self, readers: list[ReaderLoad]) -> None:
         """Remember each shard's CPU estimate from readers whose figures are all known."""
         for r in readers:
-            if r.cpu is None or not r.shards or not all(s.known for s in r.shards):
+            cpu = self.load(r)
+            if cpu is None or not r.shards or not all(s.known for s in r.shards):
                 continue
             total_b = sum(s.bytes_per_s for s in r.shards)
             total_r = sum(s.records_per_s for s in r.shards)
             for s in r.shards:
                 share_b = s.bytes_per_s / total_b if total_b > 0 else 1.0 / len(r.shards)
                 share_r = s.records_per_s / total_r if total_r > 0 else 1.0 / len(r.shards)
-                self.shard_cpu[s.shard_id] = r.cpu * (share_b + share_r) / 2
+                self.shard_cpu[s.shard_id] = cpu * (share_b + share_r) / 2
 
     def projected(self, reader: ReaderLoad, now: float) -> float:
         """``reader``'s CPU, cores, with the moves of the last window counted: its own figure once
         its shards have not changed for a window, else the sum of its shards' estimates;
         plus the estimates of shards moved to it within the window that it does not list yet."""
-        settled = reader.cpu is not None and now - self._changed_at.get(reader.id, _NEVER) >= self.window_s
-        own = reader.cpu if settled and reader.cpu is not None else \
+        cpu = self.load(reader)
+        settled = cpu is not None and now - self._changed_at.get(reader.id, _NEVER) >= self.window_s
+        own = cpu if settled and cpu is not None else \
             sum(self.shard_cpu.get(s, 0.0) for s in reader.shard_ids)
         listed = set(reader.shard_ids)
         coming = sum(self.shard_cpu.get(sid, 0.0) for sid, (rid, at) in self._moved.items()

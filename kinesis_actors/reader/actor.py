@@ -12,6 +12,7 @@ from typing import Any
 from ..aws import AwsSettings
 from ..config import DEFAULT_MAX_SHARDS_PER_READER
 from ..leases.protocol import Lease, LeaseStore
+from ..load.busy import LoopBusyMeter
 from ..records import StartAt
 from ..sinks.hooks import shard_hooks
 from ..sinks.protocol import Sink
@@ -26,7 +27,8 @@ def reader_core(store: LeaseStore, sink: Sink, aws: AwsSettings, call_timeout_s:
                 threads: int, stream_threads: int, load_window_s: float = 10.0) -> ShardReaderCore:
     """The :class:`ShardReaderCore` of a reader process: its Kinesis client (no botocore
     retries: every attempt is the loop's own, paced; each call times out within the lease,
-    ``call_timeout_s``) and its pools, ``threads`` each (as many HTTP connections)."""
+    ``call_timeout_s``) and its pools, ``threads`` each (as many HTTP connections). The process
+    runs one core on one event loop, so that loop's busy fraction is measured (:mod:`~kinesis_actors.load.busy`)."""
     logging.basicConfig(level=logging.INFO)
     # Our blocking calls (boto3, MemoryLeaseStore's ray.get) run in worker threads, never on the
     # event loop: Ray's warning about a blocking ray.get in an async actor does not apply. Ray reads
@@ -36,7 +38,8 @@ def reader_core(store: LeaseStore, sink: Sink, aws: AwsSettings, call_timeout_s:
     kinesis = settings.client("kinesis", read_timeout_s=call_timeout_s, max_attempts=0, max_pool_connections=threads)
     core = ShardReaderCore(store=store, deliver=sink.deliver, kinesis=kinesis, max_buffered_bytes=max_buffered_bytes,
                            io=ReaderIo(kinesis_threads=threads, store_threads=threads, stream_threads=stream_threads),
-                           hooks=shard_hooks(sink), load_window_s=load_window_s)
+                           hooks=shard_hooks(sink), load_window_s=load_window_s,
+                           loop_busy=LoopBusyMeter(load_window_s))
     # What the process holds by now (Ray, botocore and its service model: about 125,000
     # objects the collector tracks) lives as long as the process. Python's full collections
     # stop every thread and scan every tracked object, and records gathered by the shards

@@ -12,6 +12,7 @@ from typing import Any
 from ..clock import cpu_s, monotonic_s, wall_s
 from ..errors import InvalidError
 from ..leases.protocol import Lease, LeaseStore
+from ..load.busy import LoopBusyMeter
 from ..load.meter import LoadFigures
 from ..metrics import reader_load_tick
 from ..records import StartAt
@@ -83,6 +84,9 @@ class ShardReaderCore:
         wall_clock: epoch seconds (record ages, ``AT_TIMESTAMP``; default :func:`~kinesis_actors.clock.wall_s`).
         rng: uniform draws in [0, 1) for every consumer's renewal spread and backoff jitter
             (default ``random.random``).
+        loop_busy: the meter of the event loop this core runs on (its figure ``loop_busy``), or None
+            (not measured: several in-process cores sharing one loop, as tests run them, would
+            each report the whole loop's). The reader process passes one.
 
     Raises:
         InvalidError: ``max_buffered_bytes`` is not a positive int.
@@ -93,7 +97,8 @@ class ShardReaderCore:
                  clock: Callable[[], float] = monotonic_s, sleep: Sleep = asyncio.sleep,
                  hooks: Callable[[str, str, int], ShardHook] | None = None,
                  load_window_s: float = 10.0, cpu_time: Callable[[], float] = cpu_s,
-                 wall_clock: Callable[[], float] = wall_s, rng: Rng | None = None) -> None:
+                 wall_clock: Callable[[], float] = wall_s, rng: Rng | None = None,
+                 loop_busy: LoopBusyMeter | None = None) -> None:
         self._wall_clock, self._rng = wall_clock, rng
         self._store = store
         self._hooks = hooks
@@ -109,7 +114,7 @@ class ShardReaderCore:
         self._events_changed: asyncio.Event | None = None
         self._ended: dict[str, dict[str, Any]] = {}  # last stats of consumers that ended (bounded below)
         self.info: dict[str, Any] = {}
-        self.load = LoadFigures(load_window_s, cpu_time=cpu_time, clock=clock)
+        self.load = LoadFigures(load_window_s, cpu_time=cpu_time, clock=clock, busy=loop_busy)
         self._load_figures: dict[str, Any] = {"cpu": 0.0}
 
     def _changed(self) -> asyncio.Event:
@@ -193,9 +198,9 @@ class ShardReaderCore:
         return out
 
     def sample_load(self) -> dict[str, Any]:
-        """Sample the load figures now: the process's ``cpu`` (cores) is returned, and each
+        """Sample the load figures now: the process's ``cpu`` (cores) and ``loop_busy`` are returned, and each
         consumer's ``stats`` gains ``bytes_per_s``, ``records_per_s`` and ``load_known``
-        (exported as metrics with the shard's other figures); the CPU is exported too."""
+        (exported as metrics with the shard's other figures); the CPU and loop_busy are exported too."""
         self.load.annotate(self._load_figures, {sid: c.stats for sid, c in self._consumers.items()})
         spec = next((c.spec for c in self._consumers.values()), None)
         if spec is not None:
@@ -246,7 +251,9 @@ class ShardReaderCore:
         and budget_drops. Reader figures: shards, buffered_bytes,
         peak_buffered_bytes, max_buffered_bytes, budget_waits, kinesis_call_limit and
         kinesis_call_limit_cuts (:class:`CallLimit`), ``cpu`` (cores over the last
-        ``load_window_s``, 0.0 before a full window) and ``load_window_s``, and :attr:`info`
+        ``load_window_s``, 0.0 before a full window), ``loop_busy`` (fraction of wall time
+        the event loop was busy over that window, 0.0 while not known), ``load_known``,
+        ``loop_busy_known`` and ``load_window_s``, and :attr:`info`
         (the shell adds node_id and pid). Each shard's figures also carry ``bytes_per_s``,
         ``records_per_s`` and ``load_known`` (:meth:`sample_load`).
         """
