@@ -26,8 +26,9 @@ consumer of that name (registered on the first run, reused after; never deregist
 the job): the IAM policy's two ``EnhancedFanOut`` statements are then needed.
 
 Sizing (docs/production.md, "Sizing"; the same rule as ``--help`` and cluster/README.md): a
-shard costs ``c = MB/s per shard × 0.0087 + requests/s per shard × 0.001`` cores (about 1 ms
-of CPU per ``GetRecords`` or lease-table write); keep ``shards per reader × c <= 0.5`` and
+shard costs ``c = MB/s per shard × m + requests/s per shard × 0.001`` cores (``m``: the steady CPU
+seconds per MB docs/production.md gives from the latest bench run; about 1 ms of CPU per ``GetRecords``
+or lease-table write); keep ``shards per reader × c <= 0.5`` and
 give the readers ``N × c`` cores. Load placement (``reader_target_cpu``) moves hot shards
 between readers by itself; ``--max-shards-per-reader`` stays a cap.
 Sizing knobs: ``--max-shards-per-reader``,
@@ -188,8 +189,9 @@ def parse_args(argv: Sequence[str] | None = None, environ: dict[str, str] | None
     option("fanout", str, "read with enhanced fan-out through this stream consumer name (SubscribeToShard)",
            metavar="CONSUMER_NAME")
     option("max_shards_per_reader", int, "most shard leases per ShardReader process (unset: the library's 128). "
-           "Sizing rule (docs/production.md, 'Sizing'): a shard costs c = MB/s per shard × 0.0087 + requests/s per "
-           "shard × 0.001 cores (about 1 ms of CPU per GetRecords or lease-table write: up to 5 GetRecords/s on a busy "
+           "Sizing rule (docs/production.md, 'Sizing'): a shard costs c = MB/s per shard × m + requests/s per "
+           "shard × 0.001 cores (m: the steady CPU s per MB that docs/production.md gives from the latest "
+           "bench run; about 1 ms of CPU per GetRecords or lease-table write: up to 5 GetRecords/s on a busy "
            "shard, 1 renewal per renew interval, plus a checkpoint per batch with --min-checkpoint-interval-s 0); "
            "keep shards per reader × c <= 0.5 and give the readers N × c cores. With load placement "
            "(reader_target_cpu, on by default) a reader above its CPU target hands its hottest shard on by itself, "

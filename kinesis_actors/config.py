@@ -145,8 +145,8 @@ class KinesisStream:
         retrieval: how shards are read: ``"polling"`` (default: ``GetRecords``, a read
             limit shared by every polling consumer of the stream) or ``"fanout"``
             (enhanced fan-out: ``SubscribeToShard`` through the stream consumer
-            ``consumer_name``, with its own throughput per shard). See the README's
-            "Enhanced fan-out".
+            ``consumer_name``, with its own throughput per shard). See the documentation's
+            "Enhanced fan-out" page (docs/fanout.md).
         consumer_name: the stream consumer's name (1-128 of ``[a-zA-Z0-9_.-]``), required
             with ``retrieval="fanout"``: registered on the first subscribe if missing
             (``RegisterStreamConsumer``), else reused, and shared by every reader and

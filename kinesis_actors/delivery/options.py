@@ -1,7 +1,7 @@
 """The delivery controls of one subscription: :class:`DeliveryOptions` and their checks.
 
-They mirror the controls of AWS Lambda's event source mapping for Kinesis (see the
-README's "Delivery controls" for each control beside Lambda's name):
+They mirror the controls of AWS Lambda's event source mapping for Kinesis (the documentation's
+"Delivery controls" page, docs/delivery-controls.md, sets each control beside Lambda's name):
 
 =============================  ===================================================
 ``KinesisStream`` keyword       Lambda event source mapping parameter
