@@ -7,8 +7,9 @@ and one subscription sharing the DynamoDB lease table ``T`` with the other insta
 The sink appends ``n shard sequence_number epoch_s`` per record and flushes before it
 returns, so every acknowledged record is on disk even if the process tree is SIGKILLed.
 With ``--iceberg DIR`` the sink is an IcebergSink on the SQL catalog (SQLite) under ``DIR``
-instead (every instance given the same ``DIR`` writes one table); its last counters go to
-``FILE.stats.json`` at the close.
+instead (every instance given the same ``DIR`` writes one table); with ``--delta DIR`` a
+DeltaSink on the local filesystem under ``DIR`` (likewise one table). A table sink's last
+counters go to ``FILE.stats.json`` at the close.
 Prints ``READY <json shard ids>`` once it holds ``--expect`` leases; SIGTERM closes it
 cleanly (checkpoint, release) and exits 0.
 """
@@ -39,7 +40,8 @@ def main() -> int:
     ap.add_argument("--renew-interval", type=float, default=3.0)
     ap.add_argument("--poll-interval", type=float, default=2.0)
     ap.add_argument("--iceberg", default=None, help="write to an IcebergSink with its SQLite catalog in this directory")
-    ap.add_argument("--commit-interval", type=float, default=2.0, help="the IcebergSink's commit_interval_s")
+    ap.add_argument("--delta", default=None, help="write to a DeltaSink with its table in this directory")
+    ap.add_argument("--commit-interval", type=float, default=2.0, help="the table sink's commit_interval_s")
     ap.add_argument("--call-log", default=None, help="a FaultInjector directory (no rules): logs every AWS call")
     a = ap.parse_args()
 
@@ -68,12 +70,13 @@ def main() -> int:
             self.f.write("".join(f"{int(r.data)} {r.shard_id} {r.sequence_number} {now:.6f}\n" for r in records))
             self.f.flush()
 
-    if a.iceberg:
+    table_dir, kind = (a.iceberg, "iceberg") if a.iceberg else (a.delta, "delta")
+    if table_dir:
         from pathlib import Path
 
-        from .tables import iceberg_sink
+        from .tables import table_sink
 
-        sink = iceberg_sink(Path(a.iceberg), a.commit_interval)
+        sink = table_sink(kind, Path(table_dir), a.commit_interval)
     else:
         sink = FileSink.remote(a.out)
     broker = KinesisBroker(endpoint=a.endpoint, region="us-east-1", test_credentials=True,
@@ -98,7 +101,7 @@ def main() -> int:
     while not done.wait(0.5):
         pass
     sub.close()
-    if a.iceberg:
+    if table_dir:
         with open(f"{a.out}.stats.json", "w") as f:
             json.dump(sink.close(), f, default=str)
     conn.shutdown()

@@ -1,5 +1,5 @@
 """The table side of the chaos scenarios with a table sink (test_table_chaos.py): what an
-Iceberg table holds, read back from the table itself, against what the publisher put.
+Iceberg or Delta table holds, read back from the table itself, against what the publisher put.
 
 * :func:`table_verdict`: the table's rows (``data`` = the event number, ``shard_id``,
   ``sequence_number``) through the one checker (checker.py), in each shard's sequence order
@@ -24,6 +24,7 @@ from tests.unit.table_fixtures import iceberg_catalog, scan
 from .checker import Delivered, Published, Verdict, check
 
 TABLE = "chaos.events"
+KINDS = ("iceberg", "delta")
 
 
 def iceberg_sink(tmp: Path, commit_interval_s: float) -> Any:
@@ -31,6 +32,16 @@ def iceberg_sink(tmp: Path, commit_interval_s: float) -> Any:
     from kinesis_actors.sinks import IcebergSink
 
     return IcebergSink(TABLE, catalog=iceberg_catalog(tmp), commit_interval_s=commit_interval_s)
+
+
+def table_sink(kind: str, tmp: Path, commit_interval_s: float) -> Any:
+    """An IcebergSink (:func:`iceberg_sink`) or a DeltaSink on the local filesystem (the table in
+    ``tmp/delta-events``): every process given the same ``kind`` and ``tmp`` writes one table."""
+    if kind == "iceberg":
+        return iceberg_sink(tmp, commit_interval_s)
+    from kinesis_actors.sinks import DeltaSink
+
+    return DeltaSink(str(tmp / "delta-events"), commit_interval_s=commit_interval_s)
 
 
 def table_numbers(backend: Any) -> set[int]:
@@ -56,8 +67,9 @@ def table_verdict(scenario: str, published: Iterable[Published], backend: Any) -
 
 
 def commits_oldest_first(backend: Any) -> list[tuple[float, dict[str, tuple[int, int | None]]]]:
-    """Every commit of the Iceberg table, oldest first: ``(epoch s of its snapshot, {shard id:
-    (lease counter, sequence number or None)})`` (commits without positions skipped)."""
+    """Every commit of the table, oldest first: ``(epoch s of its Iceberg snapshot or Delta
+    commit, {shard id: (lease counter, sequence number or None)})`` (commits without positions
+    skipped)."""
     from kinesis_actors.sinks.tables.positions import decode_positions
 
     state = backend.load()
@@ -65,7 +77,8 @@ def commits_oldest_first(backend: Any) -> list[tuple[float, dict[str, tuple[int,
     for record in backend.commits(state):
         positions = decode_positions(record.properties)
         if positions:
-            t = state.snapshot_by_id(record.token).timestamp_ms / 1000.0
+            t = (state.snapshot_by_id(record.token).timestamp_ms if hasattr(state, "snapshot_by_id")
+                 else record.properties["timestamp"]) / 1000.0
             out.append((t, {k.shard_id: (p.lease_counter, None if p.sequence_number is None
                                          else int(p.sequence_number)) for k, p in positions.items()}))
     return list(reversed(out))

@@ -1,6 +1,7 @@
-"""Chaos scenarios with an IcebergSink (issue 35): a SIGKILLed Coordinator with commits pending,
-and an instance frozen with SIGSTOP while another takes its leases, then thawed (its committer
-process first, so that it tries to commit before its readers learn of the lost leases). The
+"""Chaos scenarios with a table sink (issue 35): a SIGKILLed Coordinator with commits pending
+(IcebergSink), and an instance frozen with SIGSTOP while another takes its leases, then thawed
+(its committer process first, so that it tries to commit before its readers learn of the lost
+leases), once with an IcebergSink and once with a DeltaSink on the local filesystem. The
 table, read back, must hold every published event exactly once (by shard and sequence
 number), no commit of a fenced owner may land, and no lease-table checkpoint may get ahead of
 the table (tables.py). Figures go to the results file as the other scenarios' do
@@ -20,12 +21,14 @@ import pytest
 from ..integration.helpers import wait_until
 from .harness import LeaseSampler, NumberedPublisher, processes_titled, sigkill, signal_tree, tree
 from .tables import (
+    KINDS,
     checkpoints_ahead,
     commits_oldest_first,
     counter_regressions,
     iceberg_sink,
     read_stats,
     table_numbers,
+    table_sink,
     table_verdict,
 )
 from .test_chaos import SHARDS, InClusterRun, coordinator_pids, create_stream, record, thaw_and_stop, two_instances
@@ -91,19 +94,20 @@ def test_11_table_sink_coordinator_sigkilled_with_commits_pending(chaos_cluster:
         run.close()
 
 
-def test_12_table_sink_zombie_thawed_after_sigstop_commits_nothing(chaos_cluster: Any, emulator: Any, unique: str,
-                                                                   tmp_path: Path,
+@pytest.mark.parametrize("kind", KINDS)
+def test_12_table_sink_zombie_thawed_after_sigstop_commits_nothing(kind: str, chaos_cluster: Any, emulator: Any,
+                                                                   unique: str, tmp_path: Path,
                                                                    chaos_results: dict[str, Any]) -> None:
     endpoint, stream, table = emulator.endpoint, f"chaos12-{unique}", f"chaos12-{unique}-leases"
     lease_s, renew_s, poll_s, commit_s = 4.0, 1.0, 1.0, 2.0
     create_stream(endpoint, stream)
-    backend = iceberg_sink(tmp_path, commit_s).backend()
+    backend = table_sink(kind, tmp_path, commit_s).backend()
     publisher = NumberedPublisher(endpoint, stream).start()
     zombie = other = None
     try:
         zombie, other, zombie_shards = two_instances(
             endpoint, table, stream, tmp_path, "zombie", "other", lease_s=lease_s, renew_s=renew_s, poll_s=poll_s,
-            max_leases_to_steal=0, extra_args=("--iceberg", str(tmp_path), "--commit-interval", str(commit_s)))
+            max_leases_to_steal=0, extra_args=(f"--{kind}", str(tmp_path), "--commit-interval", str(commit_s)))
         with LeaseSampler(endpoint, table, stream, period_s=0.1) as sampler:
             wait_until(lambda: len(table_numbers(backend)) >= 200, timeout_s=60, what="rows in the table")
             t_stop = time.time()  # ~200 records/s and a commit every 2 s: the zombie has rows staged
@@ -128,7 +132,8 @@ def test_12_table_sink_zombie_thawed_after_sigstop_commits_nothing(chaos_cluster
             published = settle(publisher, backend)
         zombie.stop()
         zombie_stats = read_stats(f"{zombie.out}.stats.json")
-        verdict = table_verdict("12_table_sink_zombie_sigstop", published, backend)
+        verdict = table_verdict("12_table_sink_zombie_sigstop" + ("" if kind == "iceberg" else f"_{kind}"),
+                                published, backend)
         commits = commits_oldest_first(backend)
         samples = sampler.checkpoints()
         record(chaos_results, verdict, stopped_s=round(t_cont - t_stop, 2), zombie_shards=zombie_shards,

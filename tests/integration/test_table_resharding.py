@@ -1,4 +1,4 @@
-"""An IcebergSink across resharding on kinesalite (it routes writes to child shards and ends
+"""An IcebergSink and a DeltaSink across resharding on kinesalite (it routes writes to child shards and ends
 closed shards): a split, then a merge of a child with its neighbour; the table holds every
 record once, each parent's lease ends at SHARD_END, and no lease-table checkpoint is ahead of
 the table's position of its shard. The lease table is on moto's DynamoDB."""
@@ -27,12 +27,14 @@ def make_broker(kinesalite: str, endpoint: str, unique: str) -> Iterator[Callabl
     yield from broker_factory(kinesalite, endpoint, f"leases-{unique}")
 
 
-def test_a_split_then_a_merge_write_every_record_once(make_broker: Callable[..., KinesisBroker], kinesalite: str,
-                                                      endpoint: str, unique: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["iceberg", "delta"])
+def test_a_split_then_a_merge_write_every_record_once(kind: str, make_broker: Callable[..., KinesisBroker],
+                                                      kinesalite: str, endpoint: str, unique: str,
+                                                      tmp_path: Path) -> None:
     stream = f"tables-reshard-{unique}"
     create_stream(kinesalite, stream, 2)
     conn = make_broker(owner_id="a")
-    sink = make_sink("iceberg", tmp_path, commit_interval_s=0.5)
+    sink = make_sink(kind, tmp_path, commit_interval_s=0.5)
     sub = conn.subscribe(KinesisStream(stream, start_at=StartAt.trim_horizon(), max_records=20, **POLL), sink=sink)
     sent: set[str] = set()
     for phase, reshard in (("before", None),

@@ -112,20 +112,21 @@ def test_a_transform_shapes_the_rows_and_the_table_is_created_by_the_first_batch
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["iceberg", "delta"])
 def test_two_instances_share_one_table_through_graceful_handoffs_and_write_each_record_once(
-        make_broker: Callable[..., KinesisBroker], unique: str, tmp_path: Path) -> None:
+        kind: str, make_broker: Callable[..., KinesisBroker], unique: str, tmp_path: Path) -> None:
     """Instance b joins and takes about half of the shards from a by graceful handoff; each
-    instance has its own committer, both commit to one Iceberg table (their commits race in the
-    catalog's compare-and-swap and are retried)."""
+    instance has its own committer, both commit to one table (their commits race in the SQL
+    catalog's compare-and-swap, or for the next ``_delta_log`` version, and are retried)."""
     stream, leases = f"tables-two-{unique}", f"leases-{unique}"
     a = make_broker(lease_store=DynamoLeaseStore(leases, create_if_missing=True), owner_id="a")
     b = make_broker(lease_store=DynamoLeaseStore(leases), owner_id="b")
     config = dict(start_at=StartAt.trim_horizon(), max_shards_per_reader=4, **POLL)
-    sink_a = make_sink("iceberg", tmp_path, commit_interval_s=1.0)
+    sink_a = make_sink(kind, tmp_path, commit_interval_s=1.0)
     sub_a = a.subscribe(KinesisStream(stream, create_if_missing=4, **config), sink=sink_a)
     sent = publish(a, stream, "a", 200)
     wait_until(lambda: set(payloads(sink_a)) >= sent, timeout_s=45, what="a's records in the table")
-    sink_b = make_sink("iceberg", tmp_path, commit_interval_s=1.0)
+    sink_b = make_sink(kind, tmp_path, commit_interval_s=1.0)
     sub_b = b.subscribe(KinesisStream(stream, **config), sink=sink_b)
 
     def held_by_b() -> int:

@@ -314,3 +314,29 @@ def test_the_close_commits_what_is_staged_at_its_start_and_drops_what_is_staged_
     table = scan(backend)
     assert numbers(table, S0.shard_id) == list(range(12))
     assert numbers(table, S1.shard_id) == list(range(100, 105))  # the 7 dropped rows never became visible
+
+
+
+def test_two_processes_committing_one_shard_on_one_delta_version_land_one_commit(tmp_path: Path) -> None:
+    """What DeltaSink's fencing rests on, between processes on the local filesystem: two commits
+    of one shard's application transaction built on one table version race for the next log
+    entry; every round exactly one lands and the other raises CommitConflict (delta-rs's
+    conflict check after its atomic create-if-absent of the entry), one log version per round."""
+    import multiprocessing
+
+    from deltalake import DeltaTable, write_deltalake
+
+    from tests.unit.delta_race import commit_rounds
+
+    uri, rounds = str(tmp_path / "race"), 8
+    write_deltalake(uri, pa.table({"data": ["init"]}), mode="append")
+    ctx = multiprocessing.get_context("spawn")  # delta-rs's tokio runtime does not survive a fork
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=commit_rounds, args=(uri, who, rounds, barrier, results)) for who in (1, 2)]
+    for p in procs:
+        p.start()
+    outcomes = sorted(results.get(timeout=120) for _ in range(2 * rounds))
+    for p in procs:
+        p.join(timeout=60)
+    assert outcomes == sorted([(r, "landed") for r in range(rounds)] + [(r, "refused") for r in range(rounds)])
+    assert DeltaTable(uri).version() == rounds

@@ -13,7 +13,9 @@ transaction (``txn``) with the same ``appId`` conflict, and the later one fails 
 them is moved to the next version. So each shard is one application transaction
 (``appId = "kinesis-actors/<stream>/<shard id>"``, ``version`` = the lease counter of its
 owner), carried by every commit of its committer: a fence of a new owner and a late commit of
-the previous owner always conflict, and the loser's data files are never referenced.
+the previous owner always conflict, and the loser's data files are never referenced. On the
+local filesystem this holds between processes: two processes committing one shard's
+transaction on one version land exactly one commit (tests/unit/test_table_commit.py).
 
 Positions (sequence numbers, which do not fit a ``txn`` version) are top-level keys of the
 commit's ``commitInfo`` (:mod:`.positions`), read back with ``DeltaTable.history``. The log keeps
