@@ -169,20 +169,7 @@ async def shut_down(stop: Stop, spec: ReaderSpec, keeper: LeaseKeeper, checkpoin
     """
     store = keeper.store
     if stop.reason is StopReason.SHARD_END:
-        checkpoints.clear()  # SHARD_END is past every acknowledged record
-        if keeper.lease.checkpoint != SHARD_END:
-            await keeper.retried("checkpoint SHARD_END", lambda: keeper.write(
-                "checkpoint SHARD_END", store.checkpoint, SHARD_END))
-        stats["checkpoint"] = SHARD_END
-        try:
-            await keeper.write("release", lambda lease: store.release(lease))
-        except LeaseLostError:
-            raise
-        except KinesisError as e:  # the row is at SHARD_END already: it only waits to expire
-            log.warning("shard %s: SHARD_END written; the release failed (%s), the lease will expire",
-                        spec.shard_id, e)
-            return stop
-        log.info("shard %s: read to its end; SHARD_END written, lease released", spec.shard_id)
+        await _end_shard(spec, keeper, checkpoints, stats)
         return stop
     late = _EARLY_RELEASE in mutation.ACTIVE
     try:  # close and handoff: the acknowledged records are checkpointed first
@@ -211,6 +198,31 @@ async def shut_down(stop: Stop, spec: ReaderSpec, keeper: LeaseKeeper, checkpoin
         log.warning("shard %s: %s failed (%s); the lease will expire", spec.shard_id,
                     "hand-over" if to else "release", e)
     return stop if stop.reason is StopReason.REQUESTED else Stop(StopReason.REQUESTED, why="released, not handed over")
+
+
+async def _end_shard(spec: ReaderSpec, keeper: LeaseKeeper, checkpoints: CheckpointPacer,
+                     stats: dict[str, Any]) -> None:
+    """``SHARD_END``'s part of :func:`shut_down`: the ``SHARD_END`` checkpoint (retried), then
+    the release (a store error other than a lost lease is logged; the row then expires).
+
+    Raises:
+        LeaseLostError: the lease was lost, or the checkpoint failed until the lease was in doubt.
+    """
+    store = keeper.store
+    checkpoints.clear()  # SHARD_END is past every acknowledged record
+    if keeper.lease.checkpoint != SHARD_END:
+        await keeper.retried("checkpoint SHARD_END", lambda: keeper.write(
+            "checkpoint SHARD_END", store.checkpoint, SHARD_END))
+    stats["checkpoint"] = SHARD_END
+    try:
+        await keeper.write("release", lambda lease: store.release(lease))
+    except LeaseLostError:
+        raise
+    except KinesisError as e:  # the row is at SHARD_END already: it only waits to expire
+        log.warning("shard %s: SHARD_END written; the release failed (%s), the lease will expire",
+                    spec.shard_id, e)
+        return
+    log.info("shard %s: read to its end; SHARD_END written, lease released", spec.shard_id)
 
 
 async def _checkpoint_late(checkpoints: CheckpointPacer) -> None:
