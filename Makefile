@@ -7,7 +7,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_USAGE_STATS_ENABLED ?= 0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-SEEDS ?= 0-999
+SEEDS ?= 0-1999
 
 .PHONY: sim sim-mutants install lint demo notebooks test test-fast test-integration test-bench-harness test-kinesalite test-kinesis-mock test-notebooks test-cluster test-chaos test-docs docs package bench clean
 

@@ -66,7 +66,7 @@ def _one(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The command line (see the module docstring); the exit status."""
     p = argparse.ArgumentParser(prog="python -m tests.sim", description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", default="0-999", help="seed range A-B (default 0-999)")
+    p.add_argument("--seeds", default="0-1999", help="seed range A-B (default 0-1999)")
     p.add_argument("--seed", type=int, help="run (replay) one seed")
     p.add_argument("--verbose", action="store_true", help="with --seed: the whole history and the log")
     p.add_argument("--mutants", action="store_true", help="hunt every registered mutant")

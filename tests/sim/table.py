@@ -135,7 +135,9 @@ class SimIo:
         """A Kinesis call: waits its latency (until a stall of ``shard`` ends; a call of this process
         on a hung connection waits until the client's read timeout fails it), then runs."""
         self._alive()
-        if shard is None and self.who in self.world.faults.stuck:  # a pool thread stuck for good (no timeout)
+        if shard is None and self.who in self.world.faults.stuck and getattr(fn, "__name__", "") != "put_many":
+            # a pool thread stuck for good in a batch's preparation (no timeout applies; a dead-letter
+            # publish is an AWS call that ends within the publisher's timeouts and attempts)
             self.world.faults.stuck.discard(self.who)
             self.world.history.add("stuck", who=self.who)
             await asyncio.get_running_loop().create_future()

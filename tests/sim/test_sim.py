@@ -30,6 +30,8 @@ def test_a_seed_replays_the_same_history() -> None:
 @pytest.mark.parametrize("seed, fault_s, what", [
     (190, 60.0, "a seek whose start_position write met a transient table error failed the read loop, and with it "
                 "the whole subscription (the write is now retried like every lease write)"),
+    (1376, 30.0, "the first pass's table read, retried through a partition, counted its backoff as read time and "
+                 "spaced the polls 16 s apart: an expired lease was taken 10 s past the liveness bound"),
 ])
 def test_the_seeds_that_found_real_bugs_stay_clean(seed: int, fault_s: float, what: str) -> None:
     result = run_seed(seed, fault_s=fault_s)

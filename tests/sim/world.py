@@ -224,8 +224,12 @@ class World:
     async def _first_pass(self, inst: Instance) -> None:
         try:
             await inst.core.start(timeout_s=30.0)
-        except Exception as e:  # a StartError with faults about: the instance runs on (its tick retries)
+        except Exception as e:  # a StartError with faults about: what the subscription's Supervisor does
             self.history.add("start_failed", owner=inst.owner, error=type(e).__name__)
+            # it closes that Coordinator (releasing what it took), kills it, and starts another at its next check
+            await inst.core.close(release=True, grace_s=1.0, timeout_s=10.0)
+            self.crash(inst)
+            self.spawn(self.restart_later(inst.owner, self.rng.uniform(1.0, 5.0)))
 
     def crash(self, inst: Instance) -> None:
         """The instance's processes die at once: nothing of theirs runs or writes again."""
