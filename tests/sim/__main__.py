@@ -28,12 +28,17 @@ def _seeds(text: str) -> range:
     return range(int(a), int(b or a) + 1)
 
 
-def _print_failure(result: Result) -> None:
+def _replay_flags(args: argparse.Namespace) -> str:
+    """The flags a replay needs to draw the same history (the fault budget, the stuck-thread fault)."""
+    return (f" --fault-s {args.fault_s:g}" if args.fault_s != FAULT_S else "") + (" --stuck" if args.stuck else "")
+
+
+def _print_failure(result: Result, args: argparse.Namespace) -> None:
     print(f"seed {result.seed}: VIOLATION")
     for v in result.violations[:5]:
         print(f"  {v.name} at {v.at:.3f} s: {v.what}")
     print("\n".join("  " + line for line in result.report))
-    print(f"  replay: python -m tests.sim --seed {result.seed} --verbose")
+    print(f"  replay: PYTHONHASHSEED=0 .venv/bin/python -m tests.sim --seed {result.seed}{_replay_flags(args)} --verbose")
 
 
 def _range(args: argparse.Namespace) -> int:
@@ -42,7 +47,7 @@ def _range(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     bad = [r for r in results if r.violations]
     for r in bad:
-        _print_failure(r)
+        _print_failure(r, args)
     virtual = sum(r.virtual_s for r in results)
     print(f"sim: {len(results)} seeds ({args.seeds}) in {wall:.1f} s wall on {args.workers} workers, "
           f"{virtual:.0f} simulated s, {sum(r.events for r in results)} events; "
@@ -57,7 +62,7 @@ def _one(args: argparse.Namespace) -> int:
     if args.verbose:
         print("\n".join(result.report))
     if result.violations:
-        _print_failure(result)
+        _print_failure(result, args)
     print(f"seed {result.seed}: {len(result.violations)} violations, {result.events} events, "
           f"{result.virtual_s:.1f} simulated s in {result.wall_s:.2f} s, history {result.digest[:16]}")
     return 1 if result.violations else 0
