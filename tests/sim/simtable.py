@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kinesis_actors.sinks.tables.backend import CommitConflict, CommitRecord
@@ -102,17 +102,20 @@ class SimTableBackend:
 
     Args:
         world: the run's world. table: the table. who: the committer's name in the history.
+        dead: True once the committer's process is gone (its instance crashed or closed).
     """
 
     name = "sim.events"
 
-    def __init__(self, world: Any, table: SimTable, who: str) -> None:
-        self.world, self.table, self.who = world, table, who
+    def __init__(self, world: Any, table: SimTable, who: str, dead: Callable[[], bool]) -> None:
+        self.world, self.table, self.who, self.dead = world, table, who, dead
         self._lag = 0.0
 
     async def run(self, fn: Any, *args: Any) -> Any:
         """One attempt: the latency, then ``fn(*args)`` (its reads see the table up to the latency ago)."""
         w, mix = self.world, self.world.table_mix
+        if self.dead():
+            await asyncio.get_running_loop().create_future()  # a dead process calls nothing (never returns)
         lag = mix.slow_s if w.chance(mix.slow) else mix.latency_s * (0.5 + w.rng.random())
         lag = min(lag, max(mix.latency_s, w.fault_end - w.now()))  # a slow catalog ends with the faults
         await w.sleep(lag)
@@ -169,9 +172,9 @@ class SimCommitter:
     """The committer actor of one instance incarnation: the real :class:`TableCommitter`, each
     call a task of the instance's process (the shape of ``TableCommitterActor``'s methods)."""
 
-    def __init__(self, world: Any, table: SimTable, owner: str, tag: str) -> None:
-        self.world, self.owner = world, owner
-        self.backend = SimTableBackend(world, table, f"{tag}/committer")
+    def __init__(self, world: Any, table: SimTable, owner: str, tag: str, dead: Callable[[], bool]) -> None:
+        self.world, self.owner, self.dead = world, owner, dead
+        self.backend = SimTableBackend(world, table, f"{tag}/committer", dead)
         self.core = TableCommitter(self.backend, commit_interval_s=world.table_mix.commit_interval_s,  # type: ignore[arg-type]
                                    clock=world.now, sleep=world.sleep, rng=world.rng.random,
                                    blocking=self.backend.run, max_staged_bytes=1 << 20, stage_timeout_s=30.0)
@@ -199,19 +202,29 @@ class _Remote:
 
     def remote(self, *args: Any) -> Any:
         c = self.committer
+        if c.dead():
+            return asyncio.get_running_loop().create_future()  # a dead actor answers nothing
         return asyncio.shield(c.world.spawn(self.fn(*args), proc=c.owner))
 
 
 class SimTableSink(TableSink):
     """A reader process's handle on its instance's committer (the real :class:`TableSink` calls),
     recording each staging in the history as the plain sinks record a delivery (``deliver``,
-    then ``ack``: staging is the acknowledgement, or ``nack``)."""
+    then ``ack``: staging is the acknowledgement, or ``nack``). ``process``: the reader
+    process's plain sink, whose ``dead`` says the process was killed."""
 
-    def __init__(self, world: Any, committer: SimCommitter, who: str) -> None:
+    def __init__(self, world: Any, committer: SimCommitter, who: str, process: Any) -> None:
         super().__init__(commit_interval_s=world.table_mix.commit_interval_s, transform=None, create_if_missing=True)
-        self.world, self.who = world, who
+        self.world, self.who, self.process = world, who, process
         self._actor = committer
         self.stream = "sim"
+
+    def _committer(self) -> Any:
+        """The committer, as this reader process reaches it (a killed process reaches nothing:
+        its ``finally`` blocks end here, as the plain sink's do)."""
+        if self.process.dead:
+            raise asyncio.CancelledError(f"{self.who} is dead")
+        return super()._committer()
 
     async def stage(self, records: Sequence[Any], lease_counter: int) -> TablePosition | None:
         """See :meth:`TableSink.stage`; recorded in the history."""

@@ -102,14 +102,14 @@ class Instance:
                                     launcher=self._launch, kinesis=world.kinesis, call_timeout_s=5.0,
                                     reader_start_timeout_s=10.0, clock=world.now, sleep=world.sleep, io=self.io,
                                     on_fatal=lambda error: world.fatal(self, error))
-        self.committer = SimCommitter(world, world.table, owner, self.tag) if world.table is not None else None
+        self.committer = SimCommitter(world, world.table, owner, self.tag, lambda: self.dead) if world.table is not None else None
         self.dead = False
 
     def _launch(self, n: int) -> LocalReader:
         w = self.world
         who = f"{self.tag}/r{n}"
         io, sink = SimIo(w, self.owner, who), SimSink(w, who, self.owner)
-        hooks = SimTableSink(w, self.committer, who).shard_hook if self.committer is not None else None
+        hooks = SimTableSink(w, self.committer, who, sink).shard_hook if self.committer is not None else None
         core = ShardReaderCore(hooks=hooks, store=self.store.peer(clock=w.now, wall_clock=self.wall), deliver=sink,
                                kinesis=w.kinesis, io=io, clock=w.now, sleep=w.sleep,  # type: ignore[arg-type]
                                cpu_time=lambda: 0.0, wall_clock=self.wall, rng=w.rng.random)
