@@ -114,11 +114,11 @@ class SimTableBackend:
     async def run(self, fn: Any, *args: Any) -> Any:
         """One attempt: the latency, then ``fn(*args)`` (its reads see the table up to the latency ago)."""
         w, mix = self.world, self.world.table_mix
-        if self.dead():
-            await asyncio.get_running_loop().create_future()  # a dead process calls nothing (never returns)
         lag = mix.slow_s if w.chance(mix.slow) else mix.latency_s * (0.5 + w.rng.random())
         lag = min(lag, max(mix.latency_s, w.fault_end - w.now()))  # a slow catalog ends with the faults
         await w.sleep(lag)
+        if self.dead():
+            await asyncio.get_running_loop().create_future()  # a dead process calls nothing (never returns)
         self._lag = lag * w.rng.random()
         return fn(*args)
 
