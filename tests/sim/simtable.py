@@ -40,6 +40,9 @@ __all__ = ["TableMix", "SimTable", "SimTableBackend", "SimCommitter", "SimTableS
 TABLE_SHARE = 4
 """One seed in this many runs a table sink (chosen by the seed, without drawing from the run's generator)."""
 
+TABLE_SALT = 0x7AB22
+"""Mixed into the seed to choose the table seeds (see :func:`chosen`)."""
+
 TABLE_CONTROLS = {"parallelization_factor": 1, "bisect_on_error": False, "max_record_age_s": None}
 """The delivery controls of a table seed: those ``check_table_sink`` refuses (lanes, bisect,
 dead letters) are off; the rest stay as the seed drew them."""
@@ -49,7 +52,7 @@ def chosen(seed: int) -> bool:
     """True when seed ``seed`` runs a table sink instead of the plain sinks."""
     import random
 
-    return random.Random(seed ^ 0x7AB1E).randrange(TABLE_SHARE) == 0
+    return random.Random(seed ^ TABLE_SALT).randrange(TABLE_SHARE) == 0
 
 
 class TableMix:
