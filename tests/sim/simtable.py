@@ -113,6 +113,9 @@ class SimTableBackend:
     def __init__(self, world: Any, table: SimTable, who: str, dead: Callable[[], bool]) -> None:
         self.world, self.table, self.who, self.dead = world, table, who, dead
         self._lag = 0.0
+        self.never: asyncio.Future[Any] = world.loop.create_future()
+        """What a dead process's calls wait for, forever (held here: a task waiting on an
+        unreferenced future would be garbage-collected while pending)."""
 
     async def run(self, fn: Any, *args: Any) -> Any:
         """One attempt: the latency, then ``fn(*args)`` (its reads see the table up to the latency ago)."""
@@ -121,7 +124,7 @@ class SimTableBackend:
         lag = min(lag, max(mix.latency_s, w.fault_end - w.now()))  # a slow catalog ends with the faults
         await w.sleep(lag)
         if self.dead():
-            await asyncio.get_running_loop().create_future()  # a dead process calls nothing (never returns)
+            await asyncio.shield(self.never)  # a dead process calls nothing (never returns)
         self._lag = lag * w.rng.random()
         return fn(*args)
 
@@ -206,7 +209,7 @@ class _Remote:
     def remote(self, *args: Any) -> Any:
         c = self.committer
         if c.dead():
-            return asyncio.get_running_loop().create_future()  # a dead actor answers nothing
+            return asyncio.shield(c.backend.never)  # a dead actor answers nothing
         return asyncio.shield(c.world.spawn(self.fn(*args), proc=c.owner))
 
 
