@@ -13,10 +13,10 @@ from .run import run_seed
 from .simtable import chosen
 from .tablecheck import check_table
 
-TABLE_SEED = 2
+TABLE_SEED = 3
 """A seed that runs a table sink (``simtable.chosen``)."""
 
-FENCE_SEED = 12
+FENCE_SEED = 24
 """A table seed whose history has a zombie owner committing after a newer owner's fence."""
 
 
