@@ -22,6 +22,7 @@ from kinesis_actors import mutation, pacing
 
 from . import vloop
 from .checker import Violation, check
+from .tablecheck import check_table
 from .world import PROC, World
 
 __all__ = ["Result", "run_seed", "run_range", "tail_s", "FAULT_S"]
@@ -93,8 +94,10 @@ def _drained(world: World) -> bool:
     (a cheap look at the history's last events would not do: records are counted in full)."""
     done: set[int] = set()
     for _, kind, f in world.history.events:
-        if kind in ("ack", "dead"):
+        if kind == "dead" or (kind == "ack" and world.table is None):  # a table's: what it holds
             done.update(f["seqs"])
+    if world.table is not None:
+        done.update(seq for c in world.table.commits for _, seq in c.rows)
     filtered = world.cfg.controls.get("record_filter") is not None
     return all(int(r["SequenceNumber"]) in done or (filtered and r["PartitionKey"] == "k0")
                for s in world.kinesis.shards.values() for r in s.records)
@@ -121,6 +124,8 @@ async def _main(seed: int, fault_s: float) -> tuple[World, list[Violation]]:
     try:
         await _scenario(world)
         found = check(world)
+        if world.table is not None and not found:
+            found = check_table(world)
     finally:
         await _teardown(world)
     return world, found
@@ -145,10 +150,11 @@ def run_seed(seed: int, *, fault_s: float = FAULT_S, mutants: Iterable[str] = ()
     h = world.history
     report: list[str] = []
     if verbose:
-        report = [f"config: {world.cfg}", f"sink: {world.sink_mix}", f"faults: {world.faults.actions}",
+        report = [f"config: {world.cfg}", f"sink: {world.sink_mix}", f"table: {getattr(world, 'table_mix', None)}",
+                  f"faults: {world.faults.actions}",
                   *(h.line(e) for e in h.events)]
     elif found:
-        report = [f"config: {world.cfg}", f"sink: {world.sink_mix}",
+        report = [f"config: {world.cfg}", f"sink: {world.sink_mix}", f"table: {getattr(world, 'table_mix', None)}",
                   *h.around(found[0].at + h.t0)]
     return Result(seed, found, h.digest(), len(h.events), world.now() - h.t0, wall, report)
 

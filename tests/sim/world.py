@@ -26,6 +26,7 @@ from kinesis_actors.testing import LocalReader
 from .faults import Faults
 from .history import History
 from .kinesis import SimKinesis
+from .simtable import TABLE_CONTROLS, SimCommitter, SimTable, SimTableSink, TableMix, chosen
 from .sinks import SimDeadLetters, SimSink, SinkMix
 from .table import SimIo, SimRows
 
@@ -101,13 +102,15 @@ class Instance:
                                     launcher=self._launch, kinesis=world.kinesis, call_timeout_s=5.0,
                                     reader_start_timeout_s=10.0, clock=world.now, sleep=world.sleep, io=self.io,
                                     on_fatal=lambda error: world.fatal(self, error))
+        self.committer = SimCommitter(world, world.table, owner, self.tag, lambda: self.dead) if world.table is not None else None
         self.dead = False
 
     def _launch(self, n: int) -> LocalReader:
         w = self.world
         who = f"{self.tag}/r{n}"
         io, sink = SimIo(w, self.owner, who), SimSink(w, who, self.owner)
-        core = ShardReaderCore(store=self.store.peer(clock=w.now, wall_clock=self.wall), deliver=sink,
+        hooks = SimTableSink(w, self.committer, who, sink).shard_hook if self.committer is not None else None
+        core = ShardReaderCore(hooks=hooks, store=self.store.peer(clock=w.now, wall_clock=self.wall), deliver=sink,
                                kinesis=w.kinesis, io=io, clock=w.now, sleep=w.sleep,  # type: ignore[arg-type]
                                cpu_time=lambda: 0.0, wall_clock=self.wall, rng=w.rng.random)
         handle = LocalReader(core, start_delay_s=w.rng.uniform(0.05, 1.0), sleep=w.sleep)
@@ -122,6 +125,9 @@ class Instance:
 
     async def seek(self, shard: str) -> None:
         """Seek ``shard`` back to ``TRIM_HORIZON`` (a failure is recorded, not raised)."""
+        if self.world.table is not None:  # seek on a shard written to a table is not supported (SPEC)
+            self.world.history.add("sought", owner=self.owner, shard=shard, error="table sink")
+            return
         try:
             done = await self.core.seek(StartAt.trim_horizon(), shard)
             self.world.history.add("sought", owner=self.owner, shard=shard, done=done)
@@ -147,6 +153,11 @@ class World:
         self.sink_mix = SinkMix(self.rng)
         if self.cfg.sink_retries < 5:  # a sink that gives up: often enough that lanes fail (and instances restart)
             self.sink_mix.fail = max(self.sink_mix.fail, 0.3)
+        self.table: SimTable | None = None  # a run with a table sink (one seed in simtable.TABLE_SHARE)
+        if chosen(seed):
+            self.table, self.table_mix = SimTable(self), TableMix(self.rng)
+            self.cfg.instances = max(2, self.cfg.instances)
+            self.cfg.controls.update(TABLE_CONTROLS)  # what check_table_sink refuses, off
         self.rows = SimRows(self.history.add)
         self.rows.race = self.race
         self.kinesis = SimKinesis(self.cfg.shards, clock=self.now, wall=self.wall, chance=self.chance)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ...backoff import Backoff
@@ -61,12 +61,15 @@ class TableCommitter:
         max_staged_bytes: Arrow bytes staged before :meth:`stage` waits.
         stage_timeout_s: longest wait of :meth:`stage` for room, seconds.
         clock: monotonic seconds. sleep: ``async sleep`` on that clock. rng: uniform [0, 1).
+        blocking: runs one attempt's blocking table calls, ``await blocking(fn, *args)`` -> ``fn(*args)``
+            (None: ``asyncio.to_thread``, a worker thread; a simulator passes one on its own clock).
     """
 
     def __init__(self, backend: TableBackend, *, commit_interval_s: float = 10.0, create_if_missing: bool = True,
                  max_staged_bytes: int = DEFAULT_MAX_STAGED_BYTES, stage_timeout_s: float = 60.0,
                  clock: Clock = monotonic_s, sleep: Callable[[float], Any] = asyncio.sleep,
-                 rng: Callable[[], float] | None = None) -> None:
+                 rng: Callable[[], float] | None = None,
+                 blocking: Callable[..., Awaitable[Any]] | None = None) -> None:
         self.runner = RoundRunner(backend, create_if_missing=create_if_missing)
         self.name = backend.name
         self.commit_interval_s = commit_interval_s
@@ -74,6 +77,7 @@ class TableCommitter:
         self.stage_timeout_s = stage_timeout_s
         self._clock, self._sleep = clock, sleep
         self._rng = rng if rng is not None else random.random
+        self._blocking = blocking if blocking is not None else asyncio.to_thread
         self._fatal: SinkError | None = None
         self._held: dict[ShardKey, HeldShard] = {}
         self._staged_bytes = 0
@@ -334,7 +338,7 @@ class TableCommitter:
         try:
             while shards:
                 try:
-                    result = await asyncio.to_thread(self.runner.attempt, shards)
+                    result = await self._blocking(self.runner.attempt, shards)
                 except CommitConflict as e:
                     self.counters["conflicts"] += 1
                     log.debug("table %s: commit conflict (%s); re-reading the positions", self.name, e)
