@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from . import simtable
 from .checker import check
 from .run import run_range, run_seed
 
@@ -39,8 +40,9 @@ def test_the_seeds_that_found_real_bugs_stay_clean(seed: int, fault_s: float, wh
 
 
 def test_the_checker_sees_a_lost_record_and_a_checkpoint_past_it() -> None:
-    """Plant the damage in a finished clean history: the checker must name it."""
-    result_world = _world_of(3)
+    """Plant the damage in a finished clean history of a plain-sink seed (a table seed's records are
+    judged by the table's check): the checker must name it."""
+    result_world = _world_of(next(s for s in range(1, 100) if not simtable.chosen(s)))
     t, kind, fields = next(e for e in result_world.history.events if e[1] == "ack" and e[2]["seqs"])
     result_world.history.events.remove((t, kind, fields))  # the sink never acknowledged that batch
     names = {v.name for v in check(result_world)}
