@@ -190,8 +190,13 @@ class DemoRun:
         click.echo(f"\nthe emulator stays up at {self.target.endpoint} until Ctrl-C (Ray does not); the lease table:\n"
                    f"  {prog} leases --table {self.table} --stream {self.opts.stream} --endpoint "
                    f"{self.target.endpoint}\n", err=True)
+        # Woken every 0.5 s: a process-wide SIGINT may be delivered to another thread (Ray's and
+        # the emulator's outlive ray.shutdown()), and Python runs the handler (KeyboardInterrupt)
+        # only when the main thread next runs bytecode; an untimed wait would never see it.
+        forever = threading.Event()
         try:
-            threading.Event().wait()
+            while not forever.wait(0.5):
+                pass
         except KeyboardInterrupt:
             self._say("stopping the emulator")
 
