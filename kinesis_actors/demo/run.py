@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import signal
 import sys
 import threading
 import time
@@ -193,6 +194,11 @@ class DemoRun:
         # Woken every 0.5 s: a process-wide SIGINT may be delivered to another thread (Ray's and
         # the emulator's outlive ray.shutdown()), and Python runs the handler (KeyboardInterrupt)
         # only when the main thread next runs bytecode; an untimed wait would never see it.
+        # "Until Ctrl-C" is this command's contract: Python's KeyboardInterrupt handler is set here
+        # whatever SIGINT disposition the process inherited (a parent that ignores SIGINT passes on
+        # SIG_IGN, and Python then installs no handler).
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         forever = threading.Event()
         try:
             while not forever.wait(0.5):
