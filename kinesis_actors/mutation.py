@@ -2,8 +2,8 @@
 
 Each name in :data:`MUTANTS` is a known way to break a guarantee (a checkpoint before the
 acknowledgement, a take without the lease-counter condition, ...). The library code at that
-spot reads ``name in mutation.ACTIVE`` (what :func:`on` says, without a call, so a batch's
-path enters no extra frame) and, only when the simulator has planted that mutant with
+spot reads ``name in mutation.ACTIVE`` (no function call: a batch's path enters no
+extra frame) and, only when the simulator has planted that mutant with
 :func:`planted`, does the wrong thing. Nothing but the simulator (``make sim-mutants``) and
 the tests of the mutants themselves plants one; in every other process :data:`ACTIVE` is the
 empty set and the check is one frozenset lookup, made per batch or per event, never per
@@ -42,11 +42,6 @@ def register(name: str, what: str) -> str:
         raise ValueError(f"mutant {name!r} declared twice")
     MUTANTS[name] = what
     return name
-
-
-def on(name: str) -> bool:
-    """True while mutant ``name`` is planted (never outside the simulator)."""
-    return name in ACTIVE
 
 
 @contextmanager
