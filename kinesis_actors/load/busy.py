@@ -10,11 +10,13 @@ time the loop's thread waited for a core or for the GIL as busy, since the loop 
 How it is measured: :class:`TimedSelector` wraps the loop's selector and adds up the time spent
 inside ``select()`` calls that may wait (a timeout other than 0: asyncio polls with 0 while
 callbacks are ready, which is not a wait); busy seconds are wall seconds minus those. Each loop
-iteration calls ``select()`` once, so the cost is two clock reads and two additions per waiting
-iteration, O(1), whatever the number of shards: measured +0.11 us on an iteration of 3.1 us that
-waits on a timer and +0.03 us on one of 2.0 us that only polls (``python -m bench.loop_busy``:
-medians of 5 x 200,000 iterations of an empty loop, with and without the wrapper; 2 cores at
-load average 4.9). A reader's iteration runs a fetch, a delivery or a filter: far longer.
+iteration calls ``select()`` once, so the cost is two clock reads, a subtraction and an addition
+per waiting iteration, O(1), whatever the number of shards: measured +0.11 us on an iteration of
+3.1 us that waits on a timer and +0.03 us on one of 2.0 us that only polls (``python -m
+bench.loop_busy``: medians of 5 x 200,000 iterations of an empty loop, with and without the
+wrapper; 2 cores at load average 4.9; that wrapper also stored the start of the call under way,
+two attribute stores per timed call this one does not make; a re-run at load average 13 was
+noise, -3.0 us). A reader's iteration runs a fetch, a delivery or a filter: far longer.
 A periodic lag probe (a timer on the loop, its lateness sampled) was not chosen: it wakes an
 idle loop on every probe, its lateness depends on how long the callbacks queued ahead of it take
 rather than on the share of time they fill, and its resolution is its period.
@@ -54,27 +56,24 @@ class TimedSelector(selectors.BaseSelector):
         clock: monotonic seconds (the meter's clock).
 
     Attributes:
-        idle_s: seconds spent inside ``select()`` calls with a timeout other than 0 so far (the
-            call under way not counted).
-        since: when the ``select()`` under way began, or None outside one.
+        idle_s: seconds spent inside ``select()`` calls with a timeout other than 0 so far. Read
+            on the loop's own thread (as :class:`LoopBusyMeter` does), no call is under way then.
     """
 
     def __init__(self, inner: selectors.BaseSelector, clock: Clock = monotonic_s) -> None:
         self.inner, self._clock = inner, clock
         self.idle_s = 0.0
-        self.since: float | None = None
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         """``inner.select(timeout)``, timed unless ``timeout`` is 0: asyncio polls with 0 when
         callbacks are ready to run, so that call is not a wait (the loop is busy)."""
         if timeout == 0:
             return self.inner.select(0)
-        self.since = start = self._clock()
+        start = self._clock()
         try:
             return self.inner.select(timeout)
         finally:
             self.idle_s += self._clock() - start
-            self.since = None
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         """As ``inner.register``."""
@@ -99,10 +98,6 @@ class TimedSelector(selectors.BaseSelector):
     def get_map(self) -> Any:
         """As ``inner.get_map``."""
         return self.inner.get_map()
-
-    def idle_until(self, now: float) -> float:
-        """Idle seconds up to ``now``, the ``select()`` under way included."""
-        return self.idle_s + (now - self.since if self.since is not None else 0.0)
 
 
 class LoopBusyMeter:
@@ -150,10 +145,10 @@ class LoopBusyMeter:
 
     def sample(self) -> float | None:
         """Sample now: the busy fraction over the last window (0..1), or None (no full window yet,
-        or no loop timed)."""
+        or no loop timed). Called on the timed loop's thread (never during its ``select()``)."""
         if self.selector is None:
             return None
         now = self._clock()
-        self._rate.add(now, (now - self._attached_at) - self.selector.idle_until(now))
+        self._rate.add(now, (now - self._attached_at) - self.selector.idle_s)
         rate = self._rate.rate()
         return None if rate is None else min(1.0, max(0.0, rate))
