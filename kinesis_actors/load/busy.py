@@ -121,7 +121,9 @@ class LoopBusyMeter:
 
     def attach(self, loop: Any) -> bool:
         """Time ``loop``'s waits from now on; True if they are timed (see the module docstring
-        for the loops that cannot be)."""
+        for the loops that cannot be). The same loop again: nothing changes. Another loop: it
+        is timed instead and the window starts again. A loop whose selector is a
+        :class:`TimedSelector` already (another meter's) keeps it: never a wrapper on a wrapper."""
         if self._loop is loop:
             return self.selector is not None
         self._loop, self.selector = loop, None
