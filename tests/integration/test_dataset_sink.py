@@ -14,7 +14,7 @@ import pytest
 from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream, StartAt
 from kinesis_actors.sinks.dataset import DatasetSink
 
-from .helpers import KeyedPublisher, create_stream, exactly_once, parquet_keys, wait_until
+from .helpers import KeyedPublisher, create_stream, exactly_once, newest_by_shard, parquet_keys, wait_until
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -175,9 +175,7 @@ def test_close_writes_the_open_window_once_and_the_next_owner_resumes_after_it(
         rows = first.lease_store.list(stream)  # type: ignore[union-attr]
     finally:
         first.shutdown()
-    newest: dict[str, int] = {}
-    for sid, seq in parquet_keys(out):
-        newest[sid] = max(newest.get(sid, 0), seq)
+    newest = newest_by_shard(parquet_keys(out))
     # the rule: what was written is checkpointed (nothing for the next owner to read again) and released
     assert {r.shard_id: int(r.checkpoint) for r in rows if r.checkpoint} == newest, (rows, newest, stats)
     assert all(r.owner is None for r in rows), rows

@@ -3,6 +3,7 @@ and :func:`drain` (the read loop's shard-end wait on a pipeline)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,15 +23,31 @@ def rec(i: int, *, key: str | None = None, data: bytes | None = None, sub: int |
     return Record(data if data is not None else b"r%d" % i, key or f"k{i}", str(1000 + i), sub, when, SHARD, "s")
 
 
-async def drain(lanes: Lanes, *, wait_s: float = 0.01) -> None:
+async def drain(lanes: Lanes, *, wait_s: float = 0.01, within_s: float = 30.0) -> None:
     """What the consumer's read loop does at shard end (``ShardConsumer._drained``): deliver
-    everything held, windows aside, and wait until every batch is acknowledged; a lane's
-    parked error is raised."""
-    while True:
-        lanes.dispatch(force=True)
-        if lanes.idle:
-            return
-        await lanes.wait(wait_s)
+    everything held, windows aside, and wait until every batch is acknowledged.
+
+    Args:
+        wait_s: each wait for an acknowledgement, seconds on the lanes' clock.
+        within_s: the deadline, seconds of real time (the lanes' clock may be a fake one that
+            nothing drives, on which their waits end only when a batch does).
+
+    Raises:
+        The parked error of a lane that failed.
+        AssertionError: a batch still unacknowledged after ``within_s`` seconds.
+    """
+
+    async def until_idle() -> None:
+        while True:
+            lanes.dispatch(force=True)
+            if lanes.idle:
+                return
+            await lanes.wait(wait_s)
+
+    try:
+        await asyncio.wait_for(until_idle(), within_s)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"batches still in flight after {within_s} s") from None
 
 
 def recs(n: int, **kw: Any) -> list[Record]:

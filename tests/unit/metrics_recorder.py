@@ -12,6 +12,14 @@ from kinesis_actors import metrics
 
 
 class RecordingSink:
+    """What :mod:`kinesis_actors.metrics` exported, by name and tags (``metrics.set_sink`` takes it).
+
+    Attributes:
+        counters: the sum of every ``inc`` per (name, sorted tag items).
+        gauges: the last ``set`` per (name, sorted tag items).
+        calls: how many ``inc`` and ``set`` calls were made.
+    """
+
     def __init__(self) -> None:
         self.counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self.gauges: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
@@ -27,9 +35,11 @@ class RecordingSink:
         self.gauges[(name, tuple(sorted(tags.items())))] = value
 
     def counter(self, name: str, **tags: str) -> float:
+        """The counter ``name`` with exactly ``tags``; 0 if never incremented."""
         return self.counters.get((name, tuple(sorted(tags.items()))), 0)
 
     def gauge(self, name: str, **tags: str) -> float | None:
+        """The last value of gauge ``name`` with exactly ``tags``; None if never set."""
         return self.gauges.get((name, tuple(sorted(tags.items()))))
 
 
