@@ -185,11 +185,11 @@ class KinesisBroker:
             log.info("connected: owner id %s, lease store %r", self.owner_id, store)
         return self
 
-    def _start_ray(self, timeout_s: float, table_sink: Any = None, stream: KinesisStream | None = None) -> float:
+    def _start_ray(self, timeout_s: float, stream: KinesisStream, table_sink: Any) -> float:
         """Start Ray if it is not running (``ray.init()`` with Ray's defaults, at most ``timeout_s``
         seconds: :func:`~kinesis_actors.ray_start.start_ray`) and open a lease store that lives in
-        Ray; then start ``table_sink``'s committer for ``stream``, if any, staging at most the
-        stream's ``max_buffered_bytes`` (one reader's byte budget). Called by ``subscribe``
+        Ray; then start ``table_sink``'s committer for ``stream`` (None: no table sink), staging at
+        most the stream's ``max_buffered_bytes`` (one reader's byte budget). Called by ``subscribe``
         after the stream was checked. Returns the seconds Ray's start took; raises ``StartError``
         (saying what Ray was doing) when it took longer."""
         from .ray_start import start_ray
@@ -199,7 +199,7 @@ class KinesisBroker:
             if not self._state_extra.get("store_opened"):
                 self._state_extra["store"] = self._state_extra["store"].open()
                 self._state_extra["store_opened"] = True
-        if table_sink is not None and stream is not None:
+        if table_sink is not None:
             table_sink.start(stream.name, max_staged_bytes=stream.max_buffered_bytes)
         return spent
 
@@ -325,7 +325,7 @@ class KinesisBroker:
             state.subscriptions[stream.name] = None  # type: ignore[assignment]  # reserved
         try:
             ensure_stream(state.client("kinesis", max_attempts=0), stream.name, create_shards=stream.create_if_missing)
-            ray_start_s = self._start_ray(start_timeout_s, table_sink, stream)
+            ray_start_s = self._start_ray(start_timeout_s, stream, table_sink)
             sub = Subscription(self, stream, sink, aws=aws, start_timeout_s=max(start_timeout_s - ray_start_s, 0.001))
         except BaseException:
             with state.lock:

@@ -103,9 +103,9 @@ class LeasePoll:
         counters: ``leases_taken`` and ``takes_failed`` are counted here.
 
     Attributes:
-        last_read_s: how long the last table read took, seconds: its last attempt only (the
-            waits between the first pass's retries are not the table's latency; the
-            Coordinator spaces its polls by it).
+        last_read_s: how long the last successful table read took, seconds: that attempt
+            alone (the waits between the first pass's retries are not the table's latency;
+            the Coordinator spaces its polls by it).
     """
 
     def __init__(self, *, stream: KinesisStream, store: LeaseStore, io: Callable[..., Awaitable[Any]], kinesis: Any,
@@ -154,16 +154,15 @@ class LeasePoll:
         Raises:
             What the store's ``snapshot`` raises (``LeaseStoreError``, ``KclFleetLiveError``).
         """
-        read_at = [self._clock()]  # when the last attempt was sent: the retries' backoff is not the table's latency
-
-        def attempt() -> Awaitable[Any]:
-            read_at[0] = self._clock()
-            return self._io(self._store.snapshot, self.stream.name)
+        async def attempt() -> Any:  # timed alone: the retries' backoff is not the table's latency
+            sent = self._clock()
+            got = await self._io(self._store.snapshot, self.stream.name)
+            self.last_read_s = self._clock() - sent
+            return got
 
         snap = await attempt() if deadline is None else \
-            await Retry(TABLE_BACKOFF, deadline_s=max(0.0, deadline - read_at[0]), clock=self._clock).call_async(
+            await Retry(TABLE_BACKOFF, deadline_s=max(0.0, deadline - self._clock()), clock=self._clock).call_async(
                 attempt, retry_on=transient_store_error, on_retry=self._read_failed, sleep=self._sleep)
-        self.last_read_s = self._clock() - read_at[0]
         rows = self._this_incarnation({lease.shard_id: lease for lease in snap.leases})
         self.finished |= {sid for sid, row in rows.items() if row.finished}
         readable = [sid for sid in sorted(self.shards)

@@ -199,12 +199,18 @@ class KclLeaseStore(LeaseRules):
     def release(self, lease: Lease) -> Lease:
         """Release as KCL's ``evictLease`` does: ``leaseOwner`` and ``checkpointOwner`` removed,
         counter +1, checkpoint kept, so a KCL worker can take the row at once. During a
-        pending handoff (``lease.next_owner``) KCL's evict removes only ``checkpointOwner``,
-        giving the row to the asker: that is :meth:`LeaseRules.hand_over`.
+        pending handoff KCL's evict removes only ``checkpointOwner``, giving the row to the
+        asker: that is :meth:`LeaseRules.hand_over`. When ``lease.next_owner`` names an asker,
+        the row is read first (one ``GetItem``) and handed to the asker it names now, or released
+        if none: a request is withdrawn without moving the counter, so the Lease's may be stale.
 
         Raises:
-            InvalidError / LeaseLostError / LeaseStoreError: as :meth:`LeaseRules.release`.
+            InvalidError / LeaseLostError / LeaseStoreError: as :meth:`LeaseRules.release`
+            (LeaseStoreError from the read too).
         """
         if lease.next_owner and lease.next_owner != lease.owner:
-            return self.hand_over(lease)
+            row = self.get(lease.stream, lease.shard_id)
+            asker = row.next_owner if row is not None and row.owner == lease.owner else None
+            if asker and asker != lease.owner:
+                return self.hand_over(lease, to=asker)
         return super().release(lease)

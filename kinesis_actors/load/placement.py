@@ -50,8 +50,7 @@ from collections.abc import Sequence
 
 from .busy import BUSY_SATURATED
 
-__all__ = ["ShardLoad", "ReaderLoad", "Move", "LoadPlan", "LoadPlacer", "IDLE_CPU", "MIN_MOVE_CPU", "count_floor",
-           "BUSY_SATURATED"]
+__all__ = ["ShardLoad", "ReaderLoad", "Move", "LoadPlan", "LoadPlacer", "IDLE_CPU", "MIN_MOVE_CPU", "count_floor"]
 
 IDLE_CPU = 0.05
 """Cores: below this for the whole pool, load says nothing and re-spreading goes by count."""
@@ -140,13 +139,11 @@ class LoadPlacer:
         max_readers: most readers load placement grows the pool to (None: the lease count).
         max_shards_per_reader: the cap of shards per reader.
         load_window_s: ``load_window_s``, seconds.
-        busy_saturated: the busy fraction that counts as the target (:data:`BUSY_SATURATED`).
     """
 
     def __init__(self, *, target_cpu: float | None, max_readers: int | None, max_shards_per_reader: int,
-                 load_window_s: float, busy_saturated: float = BUSY_SATURATED) -> None:
+                 load_window_s: float) -> None:
         self.target_cpu, self.max_readers = target_cpu, max_readers
-        self.busy_saturated = busy_saturated
         self.cap, self.window_s = max_shards_per_reader, load_window_s
         self.shard_cpu: dict[str, float] = {}  # last estimate of each shard's CPU, cores
         self._moved: dict[str, tuple[int, float]] = {}  # shard -> (target, when) of a move within 3 windows
@@ -323,11 +320,11 @@ class LoadPlacer:
 
     # ------------------------------------------------------------------ figures
     def load(self, reader: ReaderLoad) -> float | None:
-        """``reader``'s load, cores: ``max(cpu, target_cpu x busy / busy_saturated)`` (the CPU alone
+        """``reader``'s load, cores: ``max(cpu, target_cpu x busy / BUSY_SATURATED)`` (the CPU alone
         without a target or a busy figure); None while its CPU figure is not known."""
         if reader.cpu is None or reader.busy is None or self.target_cpu is None:
             return reader.cpu
-        return max(reader.cpu, self.target_cpu * reader.busy / self.busy_saturated)
+        return max(reader.cpu, self.target_cpu * reader.busy / BUSY_SATURATED)
 
     def _estimate(self, readers: list[ReaderLoad]) -> None:
         """Remember each shard's CPU estimate from readers whose figures are all known."""

@@ -171,3 +171,30 @@ def test_withdraw_handoff_clears_only_ones_own_request(store: Any, clock: FakeCl
     row = store.get(stream, SHARD)
     assert row.next_owner is None and row.counter == holder.counter and row.owner == "a"
     assert store.renew(holder).next_owner is None, "the holder is not fenced by a withdrawal"
+
+
+def test_a_release_after_the_asker_withdrew_frees_the_row(store: Any, clock: FakeClock, stream: str) -> None:
+    """The holder learnt of a request at its last write; the asker withdrew since (the
+    counter does not move). Releasing that Lease frees the row: it does not go to the asker."""
+    holder = store.take(stream, SHARD, owner="a", duration_s=DURATION_S)
+    thief = store.peer(clock=clock)
+    assert thief.request_handoff(stream, SHARD, owner="b", expect_counter=holder.counter)
+    holder = store.renew(holder)
+    assert holder.next_owner == "b"
+    assert thief.withdraw_handoff(stream, SHARD, owner="b")
+    released = store.release(holder)
+    assert released.owner is None and store.get(stream, SHARD).owner is None
+
+
+def test_a_kcl_release_during_a_request_goes_to_the_asker_the_row_names_now(kind: str, store: Any, clock: FakeClock,
+                                                                             stream: str) -> None:
+    if kind != "kcl":
+        pytest.skip("only KCL's evict gives a requested row to the asker; other stores free it")
+    holder = store.take(stream, SHARD, owner="a", duration_s=DURATION_S)
+    thief = store.peer(clock=clock)
+    assert thief.request_handoff(stream, SHARD, owner="b", expect_counter=holder.counter)
+    holder = store.renew(holder)
+    assert thief.withdraw_handoff(stream, SHARD, owner="b")
+    assert thief.request_handoff(stream, SHARD, owner="c", expect_counter=holder.counter)  # after a's last write
+    released = store.release(holder)
+    assert released.owner == "c" and store.get(stream, SHARD).owner == "c"
