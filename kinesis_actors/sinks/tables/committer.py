@@ -109,7 +109,8 @@ class TableCommitter:
 
         Raises:
             LeaseLostError: the table holds a higher counter for the shard (a newer owner).
-            SinkError: the fence was not committed within ``timeout_s`` (retriable).
+            SinkError: the fence was not committed within ``timeout_s`` (retriable); the sink
+                stopped (not retriable: see the module docstring).
         """
         held = self._held.get(key)
         if held is not None and held.counter > lease_counter:
@@ -134,8 +135,9 @@ class TableCommitter:
         Raises:
             LeaseLostError: the shard is held under a higher counter, or was refused by the table.
             InvalidError: the shard was never opened here under this counter.
-            SinkError: ``rows`` cannot take the schema of the rows staged before (not
-                retriable); no room within ``stage_timeout_s`` (retriable, names the commit error).
+            SinkError: ``rows`` cannot take the schema of the rows staged before, or the sink
+                stopped (not retriable); no room within ``stage_timeout_s`` (retriable, names the
+                commit error).
         """
         held = self._check(key, lease_counter)
         rows = self._schema.conform(rows)
@@ -161,6 +163,7 @@ class TableCommitter:
 
         Raises:
             LeaseLostError / InvalidError: as :meth:`stage`.
+            SinkError: the sink stopped (not retriable).
         """
         held = self._check(key, lease_counter)
         if held.rows or held.last is not None or not held.fenced or self._in_flight():
@@ -279,35 +282,36 @@ class TableCommitter:
         target = self._started_rounds + 1
         self._ensure_loop()
         self._event("_urgent").set()
+        await self._await_progress(lambda: self._done_rounds >= target, timeout_s, lambda: SinkError(
+            f"table {self.name}: {what} not committed within {timeout_s:.1f} s "
+            f"(last error: {self.counters['last_error']})", retriable=True))
+
+    async def _await_room(self) -> None:
+        self._event("_urgent").set()
+        await self._await_progress(lambda: self._staged_bytes <= self.max_staged_bytes, self.stage_timeout_s,
+                                   lambda: SinkError(
+                                       f"table {self.name}: {self._staged_bytes} bytes staged and no commit within "
+                                       f"{self.stage_timeout_s:.0f} s (last error: {self.counters['last_error']})",
+                                       retriable=True))
+
+    async def _await_progress(self, done: Callable[[], bool], timeout_s: float,
+                              late: Callable[[], SinkError]) -> None:
+        """Wait until ``done()``, checked at each round's end and at least every second.
+
+        Raises:
+            SinkError: the sink stopped (``self._fatal``), or ``late()`` after ``timeout_s``.
+        """
         deadline = self._clock() + timeout_s
-        while self._done_rounds < target:
+        while not done():
             if self._fatal is not None:
                 raise self._fatal
             left = deadline - self._clock()
             if left <= 0:
-                raise SinkError(f"table {self.name}: {what} not committed within {timeout_s:.1f} s "
-                                f"(last error: {self.counters['last_error']})", retriable=True)
+                raise late()
             progress = self._event("_progress")
             progress.clear()
             try:
                 await asyncio.wait_for(progress.wait(), min(left, 1.0))
-            except asyncio.TimeoutError:
-                pass
-
-    async def _await_room(self) -> None:
-        deadline = self._clock() + self.stage_timeout_s
-        self._event("_urgent").set()
-        while self._staged_bytes > self.max_staged_bytes:
-            if self._fatal is not None:
-                raise self._fatal
-            if self._clock() > deadline:
-                raise SinkError(f"table {self.name}: {self._staged_bytes} bytes staged and no commit within "
-                                f"{self.stage_timeout_s:.0f} s (last error: {self.counters['last_error']})",
-                                retriable=True)
-            progress = self._event("_progress")
-            progress.clear()
-            try:
-                await asyncio.wait_for(progress.wait(), 1.0)
             except asyncio.TimeoutError:
                 pass
 
