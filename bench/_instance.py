@@ -14,12 +14,52 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 
 for _name, _value in (("RAY_AUTH_MODE", "disabled"), ("RAY_USAGE_STATS_ENABLED", "0"),
                       ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")):
     os.environ.setdefault(_name, _value)
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def spawn(address: str, endpoint: str, table: str, stream: str, owner: str, max_leases: int,
+          timings: Mapping[str, float], extra: Sequence[str] = ()) -> subprocess.Popen[str]:
+    """Start ``python -m bench._instance`` in a child process (stdout piped for :func:`await_ready`).
+
+    Args:
+        address: the Ray cluster's GCS address. endpoint: the emulator's URL. table: the DynamoDB
+        lease table. timings: ``lease_duration_s``, ``renew_interval_s``, ``lease_poll_interval_s``
+        (seconds). extra: more of this module's arguments (``--iceberg``, ``--trim-horizon``, ...).
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(HERE) + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-m", "bench._instance", "--address", address, "--endpoint", endpoint, "--table", table,
+           "--stream", stream, "--owner", owner, "--max-leases", str(max_leases),
+           "--lease-duration", str(timings["lease_duration_s"]), "--renew-interval", str(timings["renew_interval_s"]),
+           "--poll-interval", str(timings["lease_poll_interval_s"]), *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                            cwd=os.path.dirname(HERE))
+
+
+def await_ready(child: subprocess.Popen[str]) -> list[str]:
+    """The shard ids the child instance holds, from its ``READY`` line (it prints one within ~30 s
+    of subscribing).
+
+    Raises:
+        RuntimeError: the child exited before its ``READY`` line.
+    """
+    line = ""
+    while not line.startswith("READY"):
+        line = child.stdout.readline()  # type: ignore[union-attr]
+        if not line and child.poll() is not None:
+            raise RuntimeError(f"the child instance exited {child.returncode} before READY")
+    held: list[str] = json.loads(line.split(" ", 1)[1])
+    return held
 
 
 def main() -> int:

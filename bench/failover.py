@@ -24,19 +24,15 @@ Default timings (lease 10 s, renew 3 s, lease poll 2 s) unless ``--quick``.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from typing import Any
 
+from ._instance import await_ready, spawn
 from .common import REGION, Results, client, create_stream, hash_keys, median, psutil_mod, wait_for
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class _Publisher:
@@ -369,25 +365,13 @@ def run(ctx: Any, res: Results) -> None:
     # (c) the victim in a child process, SIGKILLed
     stream, table = f"bench-fo-sigkill-{uuid.uuid4().hex[:6]}", f"bench-fo-{uuid.uuid4().hex[:8]}"
     shards = create_stream(ctx.endpoint, stream, 4)
-    address = ray.get_runtime_context().gcs_address
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.dirname(HERE) + os.pathsep + env.get("PYTHONPATH", "")
     t_spawn = time.time()
-    child = subprocess.Popen([sys.executable, "-m", "bench._instance", "--address", address, "--endpoint", ctx.endpoint,
-                              "--table", table, "--stream", stream, "--owner", "victim-proc", "--max-leases", "2",
-                              "--lease-duration", str(t["lease_duration_s"]), "--renew-interval", str(t["renew_interval_s"]),
-                              "--poll-interval", str(t["lease_poll_interval_s"])],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=os.path.dirname(HERE))
+    child = spawn(ray.get_runtime_context().gcs_address, ctx.endpoint, table, stream, "victim-proc", 2, t)
     ctx.children.append(child)
     survivor = None
     with _Publisher(ctx.endpoint, stream, list(hash_keys(shards).values())):
         try:
-            line = ""
-            while not line.startswith("READY"):
-                line = child.stdout.readline()  # type: ignore[union-attr]
-                if not line and child.poll() is not None:
-                    raise RuntimeError(f"the child instance exited {child.returncode} before READY")
-            lost = json.loads(line.split(" ", 1)[1])
+            lost = await_ready(child)
             ctx.log(f"  child instance ready in {time.time() - t_spawn:.1f} s holding {lost}")
             survivor = _Instance(ctx, table, stream, "survivor-proc", None)
             t0 = time.time()

@@ -25,7 +25,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -34,9 +33,9 @@ from typing import Any
 
 import ray
 
-from .common import create_stream, wait_for
+from ._instance import await_ready, spawn
+from .common import create_stream, ray_processes, wait_for
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 TIMINGS = {"lease_duration_s": 4.0, "renew_interval_s": 1.0, "lease_poll_interval_s": 1.0}
 
 
@@ -79,33 +78,13 @@ class _Numbers:
 
 
 def _reader_pids() -> list[int]:
-    import psutil
-
-    out = []
-    for p in psutil.Process(os.getpid()).children(recursive=True):
-        try:
-            if p.cmdline()[:1] == ["ray::ShardReader"] and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except (psutil.Error, IndexError):
-            continue
-    return sorted(out)
+    return sorted(p.pid for p in ray_processes("ray::ShardReader"))
 
 
 def _victim(endpoint: str, table: str, stream: str, sink_args: list[str]) -> subprocess.Popen[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.dirname(HERE) + os.pathsep + env.get("PYTHONPATH", "")
-    t = TIMINGS
-    child = subprocess.Popen(
-        [sys.executable, "-m", "bench._instance", "--address", ray.get_runtime_context().gcs_address,
-         "--endpoint", endpoint, "--table", table, "--stream", stream, "--owner", "victim", "--max-leases", "4",
-         "--lease-duration", str(t["lease_duration_s"]), "--renew-interval", str(t["renew_interval_s"]),
-         "--poll-interval", str(t["lease_poll_interval_s"]), "--trim-horizon", *sink_args],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=os.path.dirname(HERE))
-    line = ""
-    while not line.startswith("READY"):
-        line = child.stdout.readline()  # type: ignore[union-attr]
-        if not line and child.poll() is not None:
-            raise RuntimeError(f"the victim instance exited {child.returncode} before READY")
+    child = spawn(ray.get_runtime_context().gcs_address, endpoint, table, stream, "victim", 4, TIMINGS,
+                  ["--trim-horizon", *sink_args])
+    await_ready(child)
     return child
 
 

@@ -340,3 +340,44 @@ def test_two_processes_committing_one_shard_on_one_delta_version_land_one_commit
         p.join(timeout=60)
     assert outcomes == sorted([(r, "landed") for r in range(rounds)] + [(r, "refused") for r in range(rounds)])
     assert DeltaTable(uri).version() == rounds
+
+
+def test_a_round_interrupted_in_flight_stops_the_sink_instead_of_committing_past_its_rows(tmp_path: Path) -> None:
+    """A round cancelled with rows 5..9 taken: no later round may record a position past them
+    (before, the loop restarted and the next round committed 10..14 at position 14)."""
+    backend = make_backend("iceberg", tmp_path)
+    hang = False
+
+    async def blocking(fn: Any, *args: Any) -> Any:
+        if hang:
+            await asyncio.Event().wait()  # an attempt that never returns
+        return await asyncio.to_thread(fn, *args)
+
+    async def main() -> None:
+        nonlocal hang
+        c = committer(backend, blocking=blocking)
+        await c.open_shard(S0, 1)
+        await stage(c, S0, 1, 0, 5)
+        assert await c.flush_shard(S0, 1) == TablePosition(1, seq(4))
+        hang = True
+        await stage(c, S0, 1, 5, 5)
+        c._event("_urgent").set()
+        await until(c._in_flight, within_s=10.0, what="a commit round in flight")
+        await stage(c, S0, 1, 10, 5)  # staged while 5..9 are in the round
+        assert c._task is not None
+        c._task.cancel()
+        await until(c._task.done, within_s=10.0, what="the cancelled round's end")
+        hang = False
+        with pytest.raises(SinkError, match="interrupted") as stopped:
+            await c.flush_shard(S0, 1)
+        assert not stopped.value.retriable
+        with pytest.raises(SinkError, match="interrupted"):
+            await stage(c, S0, 1, 15, 1)
+        with pytest.raises(SinkError, match="interrupted"):
+            await c.open_shard(S1, 1)
+        assert c.committed(S0, 1) == TablePosition(1, seq(4))
+        await c.close(1.0)
+
+    asyncio.run(main())
+    assert numbers(scan(backend)) == list(range(5))
+    assert commit_positions(backend)[0][S0].sequence_number == seq(4)

@@ -20,6 +20,10 @@ Fault model:
 * Staged bytes are bounded (``max_staged_bytes``): :meth:`stage` waits for a commit to make
   room, so a slow catalog slows reading instead of filling memory; past ``stage_timeout_s`` it
   raises a retriable :class:`~kinesis_actors.errors.SinkError` naming the last commit error.
+* A round that ends without landing or being refused (cancelled, or an exception escaping it)
+  stops the sink (a non-retriable :class:`~kinesis_actors.errors.SinkError`): its rows left
+  staging, so a later round would record a position past them. :meth:`close` cancels a
+  round in flight without that (no round follows it).
 * A process that dies loses only staged rows, which no checkpoint passed: the next owner
   reads them again.
 """
@@ -105,7 +109,8 @@ class TableCommitter:
 
         Raises:
             LeaseLostError: the table holds a higher counter for the shard (a newer owner).
-            SinkError: the fence was not committed within ``timeout_s`` (retriable).
+            SinkError: the fence was not committed within ``timeout_s`` (retriable); the sink
+                stopped (not retriable: see the module docstring).
         """
         held = self._held.get(key)
         if held is not None and held.counter > lease_counter:
@@ -130,8 +135,9 @@ class TableCommitter:
         Raises:
             LeaseLostError: the shard is held under a higher counter, or was refused by the table.
             InvalidError: the shard was never opened here under this counter.
-            SinkError: ``rows`` cannot take the schema of the rows staged before (not
-                retriable); no room within ``stage_timeout_s`` (retriable, names the commit error).
+            SinkError: ``rows`` cannot take the schema of the rows staged before, or the sink
+                stopped (not retriable); no room within ``stage_timeout_s`` (retriable, names the
+                commit error).
         """
         held = self._check(key, lease_counter)
         rows = self._schema.conform(rows)
@@ -157,6 +163,7 @@ class TableCommitter:
 
         Raises:
             LeaseLostError / InvalidError: as :meth:`stage`.
+            SinkError: the sink stopped (not retriable).
         """
         held = self._check(key, lease_counter)
         if held.rows or held.last is not None or not held.fenced or self._in_flight():
@@ -265,6 +272,8 @@ class TableCommitter:
         return event
 
     def _ensure_loop(self) -> None:
+        if self._fatal is not None:
+            return  # a stopped sink commits nothing more
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"table-commits-{self.name}")
 
@@ -273,31 +282,36 @@ class TableCommitter:
         target = self._started_rounds + 1
         self._ensure_loop()
         self._event("_urgent").set()
+        await self._await_progress(lambda: self._done_rounds >= target, timeout_s, lambda: SinkError(
+            f"table {self.name}: {what} not committed within {timeout_s:.1f} s "
+            f"(last error: {self.counters['last_error']})", retriable=True))
+
+    async def _await_room(self) -> None:
+        self._event("_urgent").set()
+        await self._await_progress(lambda: self._staged_bytes <= self.max_staged_bytes, self.stage_timeout_s,
+                                   lambda: SinkError(
+                                       f"table {self.name}: {self._staged_bytes} bytes staged and no commit within "
+                                       f"{self.stage_timeout_s:.0f} s (last error: {self.counters['last_error']})",
+                                       retriable=True))
+
+    async def _await_progress(self, done: Callable[[], bool], timeout_s: float,
+                              late: Callable[[], SinkError]) -> None:
+        """Wait until ``done()``, checked at each round's end and at least every second.
+
+        Raises:
+            SinkError: the sink stopped (``self._fatal``), or ``late()`` after ``timeout_s``.
+        """
         deadline = self._clock() + timeout_s
-        while self._done_rounds < target:
+        while not done():
+            if self._fatal is not None:
+                raise self._fatal
             left = deadline - self._clock()
             if left <= 0:
-                raise SinkError(f"table {self.name}: {what} not committed within {timeout_s:.1f} s "
-                                f"(last error: {self.counters['last_error']})", retriable=True)
+                raise late()
             progress = self._event("_progress")
             progress.clear()
             try:
                 await asyncio.wait_for(progress.wait(), min(left, 1.0))
-            except asyncio.TimeoutError:
-                pass
-
-    async def _await_room(self) -> None:
-        deadline = self._clock() + self.stage_timeout_s
-        self._event("_urgent").set()
-        while self._staged_bytes > self.max_staged_bytes:
-            if self._clock() > deadline:
-                raise SinkError(f"table {self.name}: {self._staged_bytes} bytes staged and no commit within "
-                                f"{self.stage_timeout_s:.0f} s (last error: {self.counters['last_error']})",
-                                retriable=True)
-            progress = self._event("_progress")
-            progress.clear()
-            try:
-                await asyncio.wait_for(progress.wait(), 1.0)
             except asyncio.TimeoutError:
                 pass
 
@@ -309,7 +323,7 @@ class TableCommitter:
         return any(h.rows or h.last is not None or h.opening for h in self._held.values())
 
     async def _loop(self) -> None:
-        while not self._closing:
+        while not self._closing and self._fatal is None:
             urgent = self._event("_urgent")
             wait_s = self._last_round_at + self.commit_interval_s - self._clock()
             if not urgent.is_set() and (wait_s > 0 or not self._has_work()):
@@ -332,9 +346,13 @@ class TableCommitter:
         return shards
 
     async def _round(self) -> None:
+        """Commit what :meth:`_take` takes, retrying until it lands or is refused. Rows taken
+        leave staging only that way: a round interrupted before (cancelled, or an exception
+        escaping) stops the sink, since a later round would record a position past its rows."""
         self._started_rounds += 1
         shards = self._take()
         attempt = 0
+        finished = False
         try:
             while shards:
                 try:
@@ -357,7 +375,13 @@ class TableCommitter:
                     continue
                 self._apply(shards, result)
                 break
+            finished = True
         finally:
+            if not finished and self._fatal is None and not self._closing:
+                self._fatal = SinkError(f"table {self.name}: a commit round was interrupted with its rows taken; the "
+                                        "sink stops (no checkpoint passed them: the shards' next owners read them "
+                                        "again)", retriable=False)
+                log.error("%s", self._fatal)
             self._staged_bytes -= sum(t.nbytes for s in shards.values() for t in s.rows)
             self._done_rounds = self._started_rounds
             self._event("_progress").set()
