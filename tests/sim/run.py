@@ -79,6 +79,7 @@ async def _scenario(world: World) -> None:
         await world.start_instance(world.new_owner())
         await world.sleep(world.rng.uniform(0.0, 3.0))
     world.spawn(_produce(world))
+    world.spawn(world.faults.aimed(world.fault_end))
     await world.faults.chaos(world.fault_end)
     await world.sleep(max(0.0, world.fault_end - world.now()))
     world.faults.stop()
@@ -118,9 +119,9 @@ async def _teardown(world: World) -> None:
         await asyncio.gather(*rest, return_exceptions=True)
 
 
-async def _main(seed: int, fault_s: float) -> tuple[World, list[Violation]]:
+async def _main(seed: int, fault_s: float, **shape: Any) -> tuple[World, list[Violation]]:
     _tag_tasks(asyncio.get_running_loop())
-    world = World(seed, fault_s=fault_s)
+    world = World(seed, fault_s=fault_s, **shape)
     try:
         await _scenario(world)
         found = check(world)
@@ -131,9 +132,12 @@ async def _main(seed: int, fault_s: float) -> tuple[World, list[Violation]]:
     return world, found
 
 
-def run_seed(seed: int, *, fault_s: float = FAULT_S, mutants: Iterable[str] = (), verbose: bool = False) -> Result:
+def run_seed(seed: int, *, fault_s: float = FAULT_S, mutants: Iterable[str] = (), verbose: bool = False,
+             table: bool | None = None, aimed: bool = True) -> Result:
     """Run seed ``seed`` (with ``mutants`` planted); its :class:`Result` (``report``: the shortened
-    history when a violation was found, the whole one with ``verbose``)."""
+    history when a violation was found, the whole one with ``verbose``). ``table``: the sink model
+    (True: a table sink, False: the plain sinks, None: as :func:`~.simtable.chosen` says for the seed);
+    ``aimed``: False runs it without the aimed faults (:meth:`~.faults.Faults.aimed`)."""
     random.seed(seed)  # library code drawing from the module's generator (backoff jitter) draws the same
     pacing._IDLE_PHASE = random.Random(seed).random()  # the process's idle-poll phase, drawn at import
     counter = random.Random(seed ^ 0x5EED)
@@ -143,7 +147,7 @@ def run_seed(seed: int, *, fault_s: float = FAULT_S, mutants: Iterable[str] = ()
     t0 = time.perf_counter()
     try:
         with mutation.planted(*mutants):
-            world, found = vloop.run(_main(seed, fault_s))
+            world, found = vloop.run(_main(seed, fault_s, table=table, aimed=aimed))
     finally:
         uuid.uuid4 = real_uuid4  # type: ignore[assignment]
     wall = time.perf_counter() - t0

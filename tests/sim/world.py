@@ -141,9 +141,13 @@ class World:
     Args:
         seed: the run's seed (every random choice comes from it).
         fault_s: how long faults are injected, virtual seconds (then the quiet tail).
+        cfg: the run's shape (None: drawn from the seed).
+        table: True for a table sink, False for the plain sinks, None: as :func:`~.simtable.chosen` says.
+        aimed: False: without the aimed faults (:meth:`~.faults.Faults.aimed`).
     """
 
-    def __init__(self, seed: int, *, fault_s: float = 30.0, cfg: Config | None = None) -> None:
+    def __init__(self, seed: int, *, fault_s: float = 30.0, cfg: Config | None = None,
+                 table: bool | None = None, aimed: bool = True) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.loop = asyncio.get_running_loop()
@@ -154,7 +158,7 @@ class World:
         if self.cfg.sink_retries < 5:  # a sink that gives up: often enough that lanes fail (and instances restart)
             self.sink_mix.fail = max(self.sink_mix.fail, 0.3)
         self.table: SimTable | None = None  # a run with a table sink (one seed in simtable.TABLE_SHARE)
-        if chosen(seed):
+        if chosen(seed) if table is None else table:
             self.table, self.table_mix = SimTable(self), TableMix(self.rng)
             self.cfg.instances = max(2, self.cfg.instances)
             self.cfg.controls.update(TABLE_CONTROLS)  # what check_table_sink refuses, off
@@ -172,7 +176,7 @@ class World:
         self.instances: dict[str, Instance] = {}
         self._owners: list[str] = []
         self.starts = 0
-        self.faults = Faults(self)
+        self.faults = Faults(self, aimed=aimed)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.fault_end = self.now() + self.cfg.fault_s
 
