@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import random
 import time
@@ -23,7 +24,7 @@ from kinesis_actors import mutation, pacing
 from . import vloop
 from .checker import Violation, check
 from .tablecheck import check_table
-from .world import PROC, World
+from .world import PROC, World, in_order
 
 __all__ = ["Result", "run_seed", "run_range", "tail_s", "FAULT_S"]
 
@@ -54,10 +55,14 @@ def tail_s(world: World) -> float:
 
 
 def _tag_tasks(loop: asyncio.AbstractEventLoop) -> None:
-    """Every new task carries ``sim_proc``: the instance whose process created it."""
+    """Every new task carries ``sim_proc`` (the instance whose process created it) and ``sim_order``
+    (its rank among the loop's tasks, by creation: see :func:`~.world.in_order`)."""
+    order = itertools.count()
+
     def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
         task = asyncio.Task(coro, loop=loop, **kw)
         task.sim_proc = PROC.get()  # type: ignore[attr-defined]
+        task.sim_order = next(order)  # type: ignore[attr-defined]
         return task
 
     loop.set_task_factory(factory)
@@ -111,7 +116,7 @@ async def _teardown(world: World) -> None:
             world.crash(inst)
     me = asyncio.current_task()
     for _ in range(10):  # a cancelled task may start another on its way out
-        rest = [t for t in asyncio.all_tasks() if t is not me]
+        rest = [t for t in in_order(asyncio.all_tasks()) if t is not me]
         if not rest:
             return
         for t in rest:

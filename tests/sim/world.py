@@ -13,7 +13,7 @@ import asyncio
 import contextvars
 import dataclasses
 import random
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 from kinesis_actors.config import KinesisStream
@@ -30,12 +30,20 @@ from .simtable import TABLE_CONTROLS, SimCommitter, SimTable, SimTableSink, Tabl
 from .sinks import SimDeadLetters, SimSink, SinkMix
 from .table import SimIo, SimRows
 
-__all__ = ["Config", "World", "Instance", "PROC"]
+__all__ = ["Config", "World", "Instance", "PROC", "in_order"]
 
 PROC: contextvars.ContextVar[str | None] = contextvars.ContextVar("sim_proc", default=None)
 """The instance (owner id) whose process runs the current task; None: the simulator itself."""
 
 WALL0 = 1_790_000_000.0  # the virtual epoch at the start of every run (2026-09), seconds
+
+
+def in_order(tasks: Iterable[asyncio.Task[Any]]) -> list[asyncio.Task[Any]]:
+    """``tasks`` in creation order (``sim_order``, set by the run's task factory). A set of tasks
+    iterates in the order of their ids, i.e. memory addresses, which depend on what the process
+    ran before: cancelling in that order would make a seed's history depend on the seeds run
+    before it in the same process."""
+    return sorted(tasks, key=lambda t: getattr(t, "sim_order", -1))
 
 
 def _keep_even(record: Any) -> bool:
@@ -252,7 +260,7 @@ class World:
         inst.io.dead = True
         for reader in inst.readers:
             inst.kill_reader(reader)
-        for task in list(self.loop_tasks()):
+        for task in in_order(self.loop_tasks()):
             if getattr(task, "sim_proc", None) == inst.owner and task is not asyncio.current_task():
                 task.cancel()
         self.history.add("crashed", owner=inst.owner)
