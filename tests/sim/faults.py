@@ -7,18 +7,27 @@ faults stop, picks the next fault at random intervals: a reader process killed, 
 killed and restarted, an instance crashed (restarted later, under its owner id or a new one) or
 closed gracefully, a new instance, the table slow, failing or partitioned from one instance,
 a shard throttled or stalled, a split or a merge, a seek. Every fault is a ``fault`` event.
+
+:meth:`Faults.aimed` adds, in one seed in two, a fault aimed at a narrow window the faults
+above reach rarely: a reader process paused as it sends a checkpoint (it draws from its own
+generator, :attr:`Faults.aimed_rng`, so a seed's history is the one it draws without it up to
+the first pause). Every reshard also makes the closing shards' last records poison.
 """
 
 from __future__ import annotations
 
 import os
+import random
 from typing import Any
 
-__all__ = ["Faults", "ACTIONS"]
+__all__ = ["Faults", "ACTIONS", "AIMED_SALT"]
 
 ACTIONS = ("kill_reader", "kill_coordinator", "crash_instance", "close_instance", "add_instance",
            "table_slow", "table_failing", "partition", "throttle", "stall", "hang", "reshard", "seek")
 """Every kind of fault :meth:`Faults.chaos` picks from (each run draws the subset it uses)."""
+
+AIMED_SALT = 0xA1
+"""Mixed into the seed to seed the aimed faults' generator (:attr:`Faults.aimed_rng`)."""
 
 
 class Faults:
@@ -26,9 +35,10 @@ class Faults:
 
     Args:
         world: the :class:`~.world.World`.
+        aimed: False: none of the aimed faults (no pause, no poison), as seeds found before them ran.
     """
 
-    def __init__(self, world: Any) -> None:
+    def __init__(self, world: Any, *, aimed: bool = True) -> None:
         self.world = world
         rng = world.rng
         self.actions = sorted(rng.sample(ACTIONS, rng.randint(3, len(ACTIONS))))
@@ -41,6 +51,11 @@ class Faults:
         self.stalls: dict[str, float] = {}  # shard -> stalled until
         self.hangs: dict[tuple[str, str | None], float] = {}  # (reader process, shard) -> next call hangs this long
         self.stuck: set[str] = set()  # reader processes whose next call without a shard (a batch's preparation) never returns
+        self.aimed_rng = random.Random(world.seed ^ AIMED_SALT)
+        self.pausing = aimed and self.aimed_rng.random() < 0.5  # this seed pauses reader processes (see aimed)
+        self.poisoning = aimed  # reshards make the closing shards' last records poison (see reshard)
+        self.pauses: dict[str, float] = {}  # reader process -> its next checkpoint write waits this long first, s
+        self.poison: set[int] = set()  # sequence numbers every plain sink refuses while the faults last
         self.active = True
 
     def table_latency_s(self, instance: str) -> float:
@@ -70,6 +85,8 @@ class Faults:
         self.world.kinesis.expire_chance = 0.0
         self.hangs.clear()
         self.stuck.clear()
+        self.pauses.clear()
+        self.poison.clear()
         self.world.sink_mix.fail = self.world.sink_mix.stall = 0.0
 
     async def chaos(self, until: float) -> None:
@@ -81,6 +98,30 @@ class Faults:
                 return
             action = w.rng.choice(self.actions)
             await getattr(self, action)()
+
+    async def aimed(self, until: float) -> None:
+        """When this seed pauses (one in two), pause a reader process at random intervals (mean
+        8 s) until virtual time ``until`` (see :meth:`take_pause`). Draws only from :attr:`aimed_rng`."""
+        w, rng = self.world, self.aimed_rng
+        while self.pausing:
+            await w.sleep(rng.expovariate(1.0 / 8.0))
+            if w.now() >= until:
+                return
+            held = sorted(r.who for i in w.live() for r in i.readers if not r.handle.dead and r.handle.core.shard_ids())
+            if held:
+                who = rng.choice(held)
+                self.pauses[who] = rng.uniform(w.cfg.lease_s + 2 * w.cfg.poll_s, 3 * w.cfg.lease_s)
+                self._note("pause", who=who, for_s=round(self.pauses[who], 3))
+
+    def take_pause(self, who: str, call: Any) -> float:
+        """Seconds that reader process ``who``'s lease-store call ``call`` waits before it leaves:
+        a pause set by :meth:`aimed` (a stop-the-world GC, a VM migration), taken by its next
+        checkpoint write only. Meanwhile its renewals queue behind that write (the lease keeper
+        serialises writes), so the lease expires and is taken; the checkpoint then reaches a row
+        it no longer holds and is refused. 0.0 when none is due."""
+        if who not in self.pauses or getattr(getattr(call, "func", call), "__name__", "") != "checkpoint":
+            return 0.0
+        return self.pauses.pop(who)
 
     def _note(self, action: str, **fields: Any) -> None:
         self.world.history.add("fault", action=action, **fields)
@@ -193,11 +234,22 @@ class Faults:
         if len(w.kinesis.shards) >= 8 or not open_:
             return
         if len(open_) >= 2 and w.rng.random() < 0.4:
-            a, b = w.rng.sample(open_, 2)
-            self._note("merge", shards=(a, b), child=w.kinesis.merge(a, b))
+            closed = w.rng.sample(open_, 2)
+            self._note("merge", shards=tuple(closed), child=w.kinesis.merge(*closed))
         else:
-            sid = w.rng.choice(open_)
-            self._note("split", shard=sid, children=w.kinesis.split(sid))
+            closed = [w.rng.choice(open_)]
+            self._note("split", shard=closed[0], children=w.kinesis.split(closed[0]))
+        for sid in closed if self.poisoning else ():
+            self._poison_end(sid)
+
+    def _poison_end(self, shard_id: str) -> None:
+        """The last record of closed shard ``shard_id`` becomes poison: every plain sink refuses a
+        batch holding it (``SinkError``) until the faults stop, so a sink that gives up
+        (``max_sink_retries``) gives up on the shard's last batch, the one before its end."""
+        records = self.world.kinesis.shards[shard_id].records
+        if records:
+            self.poison.add(int(records[-1]["SequenceNumber"]))
+            self._note("poison", shard=shard_id, seq=int(records[-1]["SequenceNumber"]))
 
     async def seek(self) -> None:
         """Seek one held shard back to ``TRIM_HORIZON`` (records are redelivered, none skipped)."""

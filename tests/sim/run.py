@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import random
 import time
@@ -23,7 +24,7 @@ from kinesis_actors import mutation, pacing
 from . import vloop
 from .checker import Violation, check
 from .tablecheck import check_table
-from .world import PROC, World
+from .world import PROC, World, in_order
 
 __all__ = ["Result", "run_seed", "run_range", "tail_s", "FAULT_S"]
 
@@ -54,10 +55,14 @@ def tail_s(world: World) -> float:
 
 
 def _tag_tasks(loop: asyncio.AbstractEventLoop) -> None:
-    """Every new task carries ``sim_proc``: the instance whose process created it."""
+    """Every new task carries ``sim_proc`` (the instance whose process created it) and ``sim_order``
+    (its rank among the loop's tasks, by creation: see :func:`~.world.in_order`)."""
+    order = itertools.count()
+
     def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
         task = asyncio.Task(coro, loop=loop, **kw)
         task.sim_proc = PROC.get()  # type: ignore[attr-defined]
+        task.sim_order = next(order)  # type: ignore[attr-defined]
         return task
 
     loop.set_task_factory(factory)
@@ -79,6 +84,7 @@ async def _scenario(world: World) -> None:
         await world.start_instance(world.new_owner())
         await world.sleep(world.rng.uniform(0.0, 3.0))
     world.spawn(_produce(world))
+    world.spawn(world.faults.aimed(world.fault_end))
     await world.faults.chaos(world.fault_end)
     await world.sleep(max(0.0, world.fault_end - world.now()))
     world.faults.stop()
@@ -110,7 +116,7 @@ async def _teardown(world: World) -> None:
             world.crash(inst)
     me = asyncio.current_task()
     for _ in range(10):  # a cancelled task may start another on its way out
-        rest = [t for t in asyncio.all_tasks() if t is not me]
+        rest = [t for t in in_order(asyncio.all_tasks()) if t is not me]
         if not rest:
             return
         for t in rest:
@@ -118,9 +124,9 @@ async def _teardown(world: World) -> None:
         await asyncio.gather(*rest, return_exceptions=True)
 
 
-async def _main(seed: int, fault_s: float) -> tuple[World, list[Violation]]:
+async def _main(seed: int, fault_s: float, **shape: Any) -> tuple[World, list[Violation]]:
     _tag_tasks(asyncio.get_running_loop())
-    world = World(seed, fault_s=fault_s)
+    world = World(seed, fault_s=fault_s, **shape)
     try:
         await _scenario(world)
         found = check(world)
@@ -131,9 +137,12 @@ async def _main(seed: int, fault_s: float) -> tuple[World, list[Violation]]:
     return world, found
 
 
-def run_seed(seed: int, *, fault_s: float = FAULT_S, mutants: Iterable[str] = (), verbose: bool = False) -> Result:
+def run_seed(seed: int, *, fault_s: float = FAULT_S, mutants: Iterable[str] = (), verbose: bool = False,
+             table: bool | None = None, aimed: bool = True) -> Result:
     """Run seed ``seed`` (with ``mutants`` planted); its :class:`Result` (``report``: the shortened
-    history when a violation was found, the whole one with ``verbose``)."""
+    history when a violation was found, the whole one with ``verbose``). ``table``: the sink model
+    (True: a table sink, False: the plain sinks, None: as :func:`~.simtable.chosen` says for the seed);
+    ``aimed``: False runs it without the aimed faults (:meth:`~.faults.Faults.aimed`)."""
     random.seed(seed)  # library code drawing from the module's generator (backoff jitter) draws the same
     pacing._IDLE_PHASE = random.Random(seed).random()  # the process's idle-poll phase, drawn at import
     counter = random.Random(seed ^ 0x5EED)
@@ -143,7 +152,7 @@ def run_seed(seed: int, *, fault_s: float = FAULT_S, mutants: Iterable[str] = ()
     t0 = time.perf_counter()
     try:
         with mutation.planted(*mutants):
-            world, found = vloop.run(_main(seed, fault_s))
+            world, found = vloop.run(_main(seed, fault_s, table=table, aimed=aimed))
     finally:
         uuid.uuid4 = real_uuid4  # type: ignore[assignment]
     wall = time.perf_counter() - t0

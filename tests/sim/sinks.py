@@ -1,7 +1,8 @@
 """Simulated downstreams: each reader process's ``deliver`` and the dead-letter publisher.
 
 A call of ``deliver(records)`` waits a latency, then (as the seeded source decides) acknowledges
-the batch, fails it (``SinkError``), acknowledges a prefix (``PartialBatchError``) or stalls a
+the batch, fails it (``SinkError``; always while it holds a poison record, see
+:meth:`~.faults.Faults.reshard`), acknowledges a prefix (``PartialBatchError``) or stalls a
 long while first. Every call and its outcome go into the history (``deliver``, ``ack``), which
 is how the checker knows what the downstream acknowledged and when. A dead process's
 ``deliver`` never returns (its task is cancelled by the kill).
@@ -70,7 +71,7 @@ class SimSink:
         if self.dead:
             await asyncio.get_running_loop().create_future()  # a dead process answers nothing
         roll = w.rng.random()
-        if roll < mix.fail:
+        if roll < mix.fail or not w.faults.poison.isdisjoint(seqs):
             w.history.add("nack", who=self.who, shard=shard, seqs=seqs[:1])
             raise SinkError("simulated sink failure", retriable=True)
         if roll < mix.fail + mix.partial and len(records) > 1:

@@ -9,7 +9,8 @@ records every accepted write in the history, with the simulated process that mad
 (no thread); lease-table calls wait half their latency before and half after the primitive (a
 write that lands while its caller dies), and fail (before: nothing written; after: written, the
 response lost) or are refused while the process's instance is partitioned from the table, as
-the faults decide. Kinesis calls wait their latency (longer while a stall lasts).
+the faults decide; a reader's checkpoint write may first wait out a pause of its process
+(:meth:`~.faults.Faults.take_pause`). Kinesis calls wait their latency (longer while a stall lasts).
 """
 
 from __future__ import annotations
@@ -104,6 +105,11 @@ class SimIo:
         self._alive()
         w = self.world
         latency = w.faults.table_latency_s(self.instance)
+        pause = w.faults.take_pause(self.who, fn)
+        if pause:  # the process stops as the call leaves (see Faults.take_pause)
+            w.history.add("paused", who=self.who, for_s=round(pause, 3))
+            await w.sleep(pause)
+            self._alive()
         await w.sleep(latency / 2)
         if w.faults.partitioned(self.instance) or w.chance(w.faults.table_fail_before):
             raise LeaseStoreError(f"simulated: table unreachable from {self.instance}", retriable=True)

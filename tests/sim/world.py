@@ -13,7 +13,7 @@ import asyncio
 import contextvars
 import dataclasses
 import random
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 from kinesis_actors.config import KinesisStream
@@ -30,12 +30,20 @@ from .simtable import TABLE_CONTROLS, SimCommitter, SimTable, SimTableSink, Tabl
 from .sinks import SimDeadLetters, SimSink, SinkMix
 from .table import SimIo, SimRows
 
-__all__ = ["Config", "World", "Instance", "PROC"]
+__all__ = ["Config", "World", "Instance", "PROC", "in_order"]
 
 PROC: contextvars.ContextVar[str | None] = contextvars.ContextVar("sim_proc", default=None)
 """The instance (owner id) whose process runs the current task; None: the simulator itself."""
 
 WALL0 = 1_790_000_000.0  # the virtual epoch at the start of every run (2026-09), seconds
+
+
+def in_order(tasks: Iterable[asyncio.Task[Any]]) -> list[asyncio.Task[Any]]:
+    """``tasks`` in creation order (``sim_order``, set by the run's task factory). A set of tasks
+    iterates in the order of their ids, i.e. memory addresses, which depend on what the process
+    ran before: cancelling in that order would make a seed's history depend on the seeds run
+    before it in the same process."""
+    return sorted(tasks, key=lambda t: getattr(t, "sim_order", -1))
 
 
 def _keep_even(record: Any) -> bool:
@@ -141,9 +149,13 @@ class World:
     Args:
         seed: the run's seed (every random choice comes from it).
         fault_s: how long faults are injected, virtual seconds (then the quiet tail).
+        cfg: the run's shape (None: drawn from the seed).
+        table: True for a table sink, False for the plain sinks, None: as :func:`~.simtable.chosen` says.
+        aimed: False: without the aimed faults (:meth:`~.faults.Faults.aimed`).
     """
 
-    def __init__(self, seed: int, *, fault_s: float = 30.0, cfg: Config | None = None) -> None:
+    def __init__(self, seed: int, *, fault_s: float = 30.0, cfg: Config | None = None,
+                 table: bool | None = None, aimed: bool = True) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.loop = asyncio.get_running_loop()
@@ -154,7 +166,7 @@ class World:
         if self.cfg.sink_retries < 5:  # a sink that gives up: often enough that lanes fail (and instances restart)
             self.sink_mix.fail = max(self.sink_mix.fail, 0.3)
         self.table: SimTable | None = None  # a run with a table sink (one seed in simtable.TABLE_SHARE)
-        if chosen(seed):
+        if chosen(seed) if table is None else table:
             self.table, self.table_mix = SimTable(self), TableMix(self.rng)
             self.cfg.instances = max(2, self.cfg.instances)
             self.cfg.controls.update(TABLE_CONTROLS)  # what check_table_sink refuses, off
@@ -172,7 +184,7 @@ class World:
         self.instances: dict[str, Instance] = {}
         self._owners: list[str] = []
         self.starts = 0
-        self.faults = Faults(self)
+        self.faults = Faults(self, aimed=aimed)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.fault_end = self.now() + self.cfg.fault_s
 
@@ -248,7 +260,7 @@ class World:
         inst.io.dead = True
         for reader in inst.readers:
             inst.kill_reader(reader)
-        for task in list(self.loop_tasks()):
+        for task in in_order(self.loop_tasks()):
             if getattr(task, "sim_proc", None) == inst.owner and task is not asyncio.current_task():
                 task.cancel()
         self.history.add("crashed", owner=inst.owner)
