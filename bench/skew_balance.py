@@ -117,15 +117,14 @@ def _two_instances(ctx: Any, balance_by: str) -> dict[str, Any]:
             subs.append(b)
             _drain_forever(b[1], stop)
             t_join = time.monotonic()
-            owners, quiet_since = _owners(ctx, table), time.monotonic()
-            while time.monotonic() - t_join < p["sb_settle_timeout_s"]:
+            owners, quiet_since, settled = _owners(ctx, table), time.monotonic(), False
+            while not settled and time.monotonic() - t_join < p["sb_settle_timeout_s"]:
                 time.sleep(0.5)
                 now = _owners(ctx, table)
                 if now != owners:
                     owners, quiet_since = now, time.monotonic()
-                elif time.monotonic() - quiet_since >= p["sb_settle_quiet_s"] and len(set(now.values()) - {""}) == 2:
-                    break
-            settle_s = quiet_since - t_join
+                settled = time.monotonic() - quiet_since >= p["sb_settle_quiet_s"] and len(set(now.values()) - {""}) == 2
+            settle_s = quiet_since - t_join if settled else None
             hot_owner = owners.get(hot)
             others = sum(1 for sid, o in owners.items() if o == hot_owner and sid != hot)
             moves, t0 = 0, time.time()
@@ -192,6 +191,12 @@ def _kill_and_respread(ctx: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _settled(got: dict[str, Any], p: dict[str, Any]) -> str:
+    """How long after B joined the owners settled, as the figure's note says it."""
+    return (f"{got['settle_s']:.1f} s after B joined" if got["settle_s"] is not None else
+            f"not within {p['sb_settle_timeout_s']:g} s of B joining (the watch began on unsettled owners)")
+
+
 def run(ctx: Any, res: Results) -> None:
     p = ctx.params
     got = {by: _two_instances(ctx, by) for by in ("load", "count")}
@@ -203,8 +208,8 @@ def run(ctx: Any, res: Results) -> None:
     res.add(S, "sb_hot_owner_other_leases", load["hot_owner_other_leases"], "leases",
             anchor="balance_by='count', same run", anchor_value=count["hot_owner_other_leases"], goal="<= 1 (count: 3)",
             check=lambda v: v <= 1,
-            note=f"{setting}; settled (owners unchanged {p['sb_settle_quiet_s']} s) {load['settle_s']:.1f} s after B "
-                 f"joined (count: {count['settle_s']:.1f} s); owners {load['owners']}")
+            note=f"{setting}; owners unchanged for {p['sb_settle_quiet_s']} s with both instances holding leases: "
+                 f"{_settled(load, p)} (count: {_settled(count, p)}); owners {load['owners']}")
     res.add(S, "sb_lease_moves_steady", load["moves_in_watch"], "moves", goal="0",
             check=lambda v: v == 0,
             note=f"{setting}; lease owner changes in {p['sb_watch_s']:.0f} s of steady load after settling "
