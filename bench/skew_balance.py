@@ -25,46 +25,23 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .common import REGION, Results, client, create_stream, hash_keys, wait_for
 from .count_proxy import WRITES, CountingProxy
 from .failover import _pool_whole
+from .publisher import Publisher
 
 S = "skew_balance"
 
 
-class _SkewPublisher:
-    """Puts ``hot`` records of ``hot_bytes`` into the first key and one of ``cold_bytes`` into each other key, every 0.1 s."""
-
-    def __init__(self, endpoint: str, stream: str, keys: list[str], hot: int, hot_bytes: int, cold_bytes: int) -> None:
-        self.k = client(endpoint, "kinesis")
-        self.stream, self.keys = stream, keys
-        self.hot, self.hot_bytes, self.cold_bytes = hot, hot_bytes, cold_bytes
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True, name="skew-publisher")
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            t = time.monotonic()
-            entries = [{"Data": b"h" * self.hot_bytes, "PartitionKey": f"h{i}", "ExplicitHashKey": self.keys[0]}
-                       for i in range(self.hot)]
-            entries += [{"Data": b"c" * self.cold_bytes, "PartitionKey": f"c{i}", "ExplicitHashKey": ehk}
-                        for i, ehk in enumerate(self.keys[1:])]
-            try:
-                for i in range(0, len(entries), 500):
-                    self.k.put_records(StreamName=self.stream, Records=entries[i:i + 500])
-            except Exception:
-                pass
-            self.stop.wait(max(0.0, t + 0.1 - time.monotonic()))
-
-    def __enter__(self) -> _SkewPublisher:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
+def _skewed(keys: list[str], hot: int, hot_bytes: int, cold_bytes: int) -> Callable[[int], list[dict[str, Any]]]:
+    """``hot`` records of ``hot_bytes`` B into ``keys[0]``'s shard and one of ``cold_bytes`` B into each other's."""
+    batch = [{"Data": b"h" * hot_bytes, "PartitionKey": f"h{i}", "ExplicitHashKey": keys[0]} for i in range(hot)]
+    batch += [{"Data": b"c" * cold_bytes, "PartitionKey": f"c{i}", "ExplicitHashKey": ehk}
+              for i, ehk in enumerate(keys[1:])]
+    return lambda n: batch
 
 
 def _subscribe(ctx: Any, stream: str, table: str, owner: str, endpoint: str | None, **options: Any) -> tuple[Any, Any]:
@@ -106,8 +83,9 @@ def _two_instances(ctx: Any, balance_by: str) -> dict[str, Any]:
     keys = hash_keys(shards)
     hot = ids[0]
     stop = threading.Event()
-    with CountingProxy(ctx.endpoint) as proxy, _SkewPublisher(ctx.endpoint, stream, [keys[s] for s in ids],
-                                                              p["sb_hot_records"], p["sb_hot_bytes"], p["sb_cold_bytes"]):
+    with CountingProxy(ctx.endpoint) as proxy, Publisher(
+            ctx.endpoint, stream, _skewed([keys[s] for s in ids], p["sb_hot_records"], p["sb_hot_bytes"],
+                                          p["sb_cold_bytes"]), name="skew-publisher"):
         a = _subscribe(ctx, stream, table, "A", proxy.url, balance_by=balance_by)
         subs = [a]
         try:
@@ -156,7 +134,7 @@ def _kill_and_respread(ctx: Any) -> list[dict[str, Any]]:
     stop = threading.Event()
     out = []
     keys = hash_keys(shards)
-    with _SkewPublisher(ctx.endpoint, stream, [keys[s] for s in ids], 1, 100, 100):
+    with Publisher(ctx.endpoint, stream, _skewed([keys[s] for s in ids], 1, 100, 100), name="skew-publisher"):
         conn, sub = _subscribe(ctx, stream, table, "K", None)
         try:
             _drain_forever(sub, stop)
