@@ -29,42 +29,22 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from ._instance import await_ready, spawn
-from .common import REGION, Results, client, create_stream, hash_keys, median, psutil_mod, wait_for
+from .common import REGION, Results, create_stream, hash_keys, median, psutil_mod, wait_for
+from .publisher import Publisher
 
 
-class _Publisher:
-    """Puts one record into every shard every ``period_s`` (payload ``T<epoch s>|...``)."""
+def _stamped(keys: list[str]) -> Callable[[int], list[dict[str, Any]]]:
+    """One record per hash key in ``keys``, payload ``T<epoch s>|<n>|`` (the sinks time delivery from it)."""
+    def entries(n: int) -> list[dict[str, Any]]:
+        now = time.time()
+        return [{"Data": f"T{now:.6f}|{n + i}|".encode(), "PartitionKey": f"k{i}", "ExplicitHashKey": ehk}
+                for i, ehk in enumerate(keys)]
 
-    def __init__(self, endpoint: str, stream: str, keys: list[str], period_s: float = 0.1) -> None:
-        self.k = client(endpoint, "kinesis")
-        self.stream, self.keys, self.period_s = stream, keys, period_s
-        self.stop = threading.Event()
-        self.n = 0
-        self.thread = threading.Thread(target=self._run, daemon=True, name="failover-publisher")
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            t = time.monotonic()
-            now = time.time()
-            entries = [{"Data": f"T{now:.6f}|{self.n + i}|".encode(), "PartitionKey": f"k{i}", "ExplicitHashKey": ehk}
-                       for i, ehk in enumerate(self.keys)]
-            try:
-                self.k.put_records(StreamName=self.stream, Records=entries)
-                self.n += len(entries)
-            except Exception:
-                pass
-            self.stop.wait(max(0.0, t + self.period_s - time.monotonic()))
-
-    def __enter__(self) -> _Publisher:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
+    return entries
 
 
 class _Instance:
@@ -113,10 +93,11 @@ class _Instance:
         ray.kill(self.sink)
 
 
-def _pair(ctx: Any, tag: str) -> tuple[str, str, list[str], _Instance, _Instance, _Publisher]:
+def _pair(ctx: Any, tag: str) -> tuple[str, str, list[str], _Instance, _Instance, Publisher]:
     stream, table = f"bench-fo-{tag}-{uuid.uuid4().hex[:6]}", f"bench-fo-{uuid.uuid4().hex[:8]}"
     shards = create_stream(ctx.endpoint, stream, 4)
-    pub = _Publisher(ctx.endpoint, stream, list(hash_keys(shards).values())).__enter__()
+    pub = Publisher(ctx.endpoint, stream, _stamped(list(hash_keys(shards).values())), name="failover-publisher")
+    pub.__enter__()
     victim = _Instance(ctx, table, stream, f"victim-{tag}", 2)
     survivor = _Instance(ctx, table, stream, f"survivor-{tag}", None)
     return stream, table, [s["ShardId"] for s in shards], victim, survivor, pub
@@ -226,7 +207,7 @@ def _reader_sigkills(ctx: Any, res: Results) -> None:
                  "every takeover that waits for an actor; median of 3")
 
     per_kill: list[dict[str, Any]] = []
-    with _Publisher(ctx.endpoint, stream, list(hash_keys(shards).values()), period_s=period_s):
+    with Publisher(ctx.endpoint, stream, _stamped(list(hash_keys(shards).values())), period_s, "failover-publisher"):
         inst = _Instance(ctx, table, stream, "reader-kill", None)
         try:
             t0 = time.time()
@@ -369,7 +350,7 @@ def run(ctx: Any, res: Results) -> None:
     child = spawn(ray.get_runtime_context().gcs_address, ctx.endpoint, table, stream, "victim-proc", 2, t)
     ctx.children.append(child)
     survivor = None
-    with _Publisher(ctx.endpoint, stream, list(hash_keys(shards).values())):
+    with Publisher(ctx.endpoint, stream, _stamped(list(hash_keys(shards).values())), name="failover-publisher"):
         try:
             lost = await_ready(child)
             ctx.log(f"  child instance ready in {time.time() - t_spawn:.1f} s holding {lost}")

@@ -36,11 +36,12 @@ _COMMIT = re.compile(r"_([0-9a-f]{7,40})(?:_[a-z0-9]+)?\.\w+$")
 _DATE = re.compile(r"^(\d{4}-\d{2}-\d{2})_")
 
 
-def _figure(section: str, name: str, value: float, unit: str, note: str | None = None,
-            anchor: str | None = None, anchor_value: float | None = None) -> dict[str, Any]:
-    value = value if isinstance(value, int) else float(value)  # counts stay integers
-    return {"section": section, "name": name, "value": value, "unit": unit, "anchor": anchor,
-            "anchor_value": anchor_value, "goal": None, "goal_met": None, "note": note, "ratio": None}
+def _figure(section: str, name: str, value: float, unit: str, note: str | None = None) -> dict[str, Any]:
+    """A figure as :meth:`bench.common.Figure.to_json` writes one, without an anchor or goal; unlike it, a count
+    stays an integer and a value keeps every digit the file recorded (no rounding to 4 places)."""
+    value = value if isinstance(value, int) else float(value)
+    return {"section": section, "name": name, "value": value, "unit": unit, "anchor": None,
+            "anchor_value": None, "goal": None, "goal_met": None, "note": note, "ratio": None}
 
 
 def _run(section: str, figures: list[dict[str, Any]], **provenance: Any) -> dict[str, Any]:
@@ -100,11 +101,10 @@ CHAOS_NUMBERS = (("published", "records"), ("deliveries", "records"), ("lost", "
                  ("duplicated", "records"), ("duplicate_rate", "ratio"), ("recovery_s", "s"))
 
 
-def chaos_run(path: str) -> dict[str, Any]:
-    """The chaos suite's results as section ``chaos``: ``chaos_<scenario>_<number>`` for each scenario's
-    published, lost, duplicated, gaps, recovery and every number of its ``figures``."""
-    with open(path) as fh:
-        data = json.load(fh)
+def chaos_run(data: dict[str, Any]) -> dict[str, Any]:
+    """The chaos suite's results (``bench/chaos.json``, parsed) as section ``chaos``: ``chaos_<scenario>_<number>``
+    for each scenario's published, lost, duplicated, gaps, recovery and every number of its ``figures``; raises
+    ``KeyError`` without ``session_s`` (the suite's wall time)."""
     figures = []
     for scenario, v in sorted(data.get("scenarios", {}).items()):
         pre = f"chaos_{scenario}"
@@ -152,7 +152,7 @@ def load_run(paths: list[str], rename: str | None = None) -> dict[str, Any]:
     with open(paths[0]) as fh:
         data = json.load(fh)
     if "scenarios" in data:
-        return chaos_run(paths[0])
+        return chaos_run(data)
     if "figures" not in data or "params" not in data:
         raise SystemExit(f"bench.fold: {paths[0]} is neither a results file nor the chaos suite's")
     return results_run(paths[0], rename)

@@ -97,24 +97,16 @@ CHAOS_LOCAL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 
 def chaos_markdown(data: dict) -> str:
-    """The chaos suite's table: one row per scenario, from ``bench/chaos.json``."""
+    """The chaos suite's table from its results file (``bench/chaos.json``, parsed): the run's line, then one row
+    per scenario as the benchmark page shows section ``chaos`` (:func:`bench.docs_page.chaos_table`)."""
+    from .docs_page import chaos_table
+    from .fold import chaos_run
+
     m = data.get("machine", {})
-    lines = [
-        f"Measured {data.get('date')} on {m.get('cores')} cores (Python {m.get('python')}, Ray {m.get('ray')}, "
-        f"moto {m.get('moto')}; `{data.get('command', 'pytest tests/chaos')}`, {data.get('session_s')} s in all; "
-        f"load average at the end "
-        f"{data.get('load_average_1min_at_end')}).",
-        "",
-        "| scenario | published | lost | duplicated | gaps | recovery (s) | key figure |",
-        "|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for name, v in sorted(data.get("scenarios", {}).items()):
-        key, label = CHAOS_KEY.get(name, (None, ""))
-        figure = v.get("figures", {}).get(key) if key else None
-        rec = "" if v.get("recovery_s") is None else fmt(v["recovery_s"])
-        lines.append(f"| {name} | {v['published']:,} | {v['lost']} | {v['duplicated']:,} | {len(v['gaps'])} | {rec} | "
-                     f"{'' if figure is None else fmt(figure)} {label if figure is not None else ''} |")
-    return "\n".join(lines)
+    head = (f"Measured {data.get('date')} on {m.get('cores')} cores (Python {m.get('python')}, Ray {m.get('ray')}, "
+            f"moto {m.get('moto')}; `{data.get('command', 'pytest tests/chaos')}`, {data.get('session_s')} s in all; "
+            f"load average at the end {data.get('load_average_1min_at_end')}).")
+    return "\n".join([head, "", *chaos_table(chaos_run(data))])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,46 +25,23 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .common import REGION, Results, client, create_stream, hash_keys, wait_for
 from .count_proxy import WRITES, CountingProxy
 from .failover import _pool_whole
+from .publisher import Publisher
 
 S = "skew_balance"
 
 
-class _SkewPublisher:
-    """Puts ``hot`` records of ``hot_bytes`` into the first key and one of ``cold_bytes`` into each other key, every 0.1 s."""
-
-    def __init__(self, endpoint: str, stream: str, keys: list[str], hot: int, hot_bytes: int, cold_bytes: int) -> None:
-        self.k = client(endpoint, "kinesis")
-        self.stream, self.keys = stream, keys
-        self.hot, self.hot_bytes, self.cold_bytes = hot, hot_bytes, cold_bytes
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True, name="skew-publisher")
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            t = time.monotonic()
-            entries = [{"Data": b"h" * self.hot_bytes, "PartitionKey": f"h{i}", "ExplicitHashKey": self.keys[0]}
-                       for i in range(self.hot)]
-            entries += [{"Data": b"c" * self.cold_bytes, "PartitionKey": f"c{i}", "ExplicitHashKey": ehk}
-                        for i, ehk in enumerate(self.keys[1:])]
-            try:
-                for i in range(0, len(entries), 500):
-                    self.k.put_records(StreamName=self.stream, Records=entries[i:i + 500])
-            except Exception:
-                pass
-            self.stop.wait(max(0.0, t + 0.1 - time.monotonic()))
-
-    def __enter__(self) -> _SkewPublisher:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
+def _skewed(keys: list[str], hot: int, hot_bytes: int, cold_bytes: int) -> Callable[[int], list[dict[str, Any]]]:
+    """``hot`` records of ``hot_bytes`` B into ``keys[0]``'s shard and one of ``cold_bytes`` B into each other's."""
+    batch = [{"Data": b"h" * hot_bytes, "PartitionKey": f"h{i}", "ExplicitHashKey": keys[0]} for i in range(hot)]
+    batch += [{"Data": b"c" * cold_bytes, "PartitionKey": f"c{i}", "ExplicitHashKey": ehk}
+              for i, ehk in enumerate(keys[1:])]
+    return lambda n: batch
 
 
 def _subscribe(ctx: Any, stream: str, table: str, owner: str, endpoint: str | None, **options: Any) -> tuple[Any, Any]:
@@ -106,8 +83,9 @@ def _two_instances(ctx: Any, balance_by: str) -> dict[str, Any]:
     keys = hash_keys(shards)
     hot = ids[0]
     stop = threading.Event()
-    with CountingProxy(ctx.endpoint) as proxy, _SkewPublisher(ctx.endpoint, stream, [keys[s] for s in ids],
-                                                              p["sb_hot_records"], p["sb_hot_bytes"], p["sb_cold_bytes"]):
+    with CountingProxy(ctx.endpoint) as proxy, Publisher(
+            ctx.endpoint, stream, _skewed([keys[s] for s in ids], p["sb_hot_records"], p["sb_hot_bytes"],
+                                          p["sb_cold_bytes"]), name="skew-publisher"):
         a = _subscribe(ctx, stream, table, "A", proxy.url, balance_by=balance_by)
         subs = [a]
         try:
@@ -117,15 +95,14 @@ def _two_instances(ctx: Any, balance_by: str) -> dict[str, Any]:
             subs.append(b)
             _drain_forever(b[1], stop)
             t_join = time.monotonic()
-            owners, quiet_since = _owners(ctx, table), time.monotonic()
-            while time.monotonic() - t_join < p["sb_settle_timeout_s"]:
+            owners, quiet_since, settled = _owners(ctx, table), time.monotonic(), False
+            while not settled and time.monotonic() - t_join < p["sb_settle_timeout_s"]:
                 time.sleep(0.5)
                 now = _owners(ctx, table)
                 if now != owners:
                     owners, quiet_since = now, time.monotonic()
-                elif time.monotonic() - quiet_since >= p["sb_settle_quiet_s"] and len(set(now.values()) - {""}) == 2:
-                    break
-            settle_s = quiet_since - t_join
+                settled = time.monotonic() - quiet_since >= p["sb_settle_quiet_s"] and len(set(now.values()) - {""}) == 2
+            settle_s = quiet_since - t_join if settled else None
             hot_owner = owners.get(hot)
             others = sum(1 for sid, o in owners.items() if o == hot_owner and sid != hot)
             moves, t0 = 0, time.time()
@@ -157,7 +134,7 @@ def _kill_and_respread(ctx: Any) -> list[dict[str, Any]]:
     stop = threading.Event()
     out = []
     keys = hash_keys(shards)
-    with _SkewPublisher(ctx.endpoint, stream, [keys[s] for s in ids], 1, 100, 100):
+    with Publisher(ctx.endpoint, stream, _skewed([keys[s] for s in ids], 1, 100, 100), name="skew-publisher"):
         conn, sub = _subscribe(ctx, stream, table, "K", None)
         try:
             _drain_forever(sub, stop)
@@ -192,6 +169,12 @@ def _kill_and_respread(ctx: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _settled(got: dict[str, Any], p: dict[str, Any]) -> str:
+    """How long after B joined the owners settled, as the figure's note says it."""
+    return (f"{got['settle_s']:.1f} s after B joined" if got["settle_s"] is not None else
+            f"not within {p['sb_settle_timeout_s']:g} s of B joining (the watch began on unsettled owners)")
+
+
 def run(ctx: Any, res: Results) -> None:
     p = ctx.params
     got = {by: _two_instances(ctx, by) for by in ("load", "count")}
@@ -203,8 +186,8 @@ def run(ctx: Any, res: Results) -> None:
     res.add(S, "sb_hot_owner_other_leases", load["hot_owner_other_leases"], "leases",
             anchor="balance_by='count', same run", anchor_value=count["hot_owner_other_leases"], goal="<= 1 (count: 3)",
             check=lambda v: v <= 1,
-            note=f"{setting}; settled (owners unchanged {p['sb_settle_quiet_s']} s) {load['settle_s']:.1f} s after B "
-                 f"joined (count: {count['settle_s']:.1f} s); owners {load['owners']}")
+            note=f"{setting}; owners unchanged for {p['sb_settle_quiet_s']} s with both instances holding leases: "
+                 f"{_settled(load, p)} (count: {_settled(count, p)}); owners {load['owners']}")
     res.add(S, "sb_lease_moves_steady", load["moves_in_watch"], "moves", goal="0",
             check=lambda v: v == 0,
             note=f"{setting}; lease owner changes in {p['sb_watch_s']:.0f} s of steady load after settling "

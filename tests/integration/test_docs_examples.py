@@ -2,8 +2,9 @@
 run in order in one fresh Python process against an emulator of their own.
 
 The blocks are written for AWS (``KinesisBroker(region=...)``, boto3's default chain), so the
-process gets the emulator through boto3's own settings: ``AWS_ENDPOINT_URL`` and dummy keys. The
-blocks run as a user would paste them; nothing in them is rewritten.
+process gets the emulator through boto3's own settings: the variables the README's ``export`` lines
+set (its emulator instructions), ``AWS_ENDPOINT_URL`` pointed at this test's emulator. The blocks
+run as a user would paste them; nothing in them is rewritten.
 """
 
 from __future__ import annotations
@@ -35,15 +36,23 @@ print("ALL BLOCKS RAN", flush=True)
 """
 
 
+def readme_exports() -> dict[str, str]:
+    """The variables the README's emulator instructions set: every ``NAME=value`` of its ``export`` lines."""
+    words = [w for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("export ")
+             for w in line.split("#")[0].split()[1:]]
+    return dict(w.split("=", 1) for w in words)
+
+
 def test_the_readme_and_the_runnable_site_examples_run_on_the_emulator() -> None:
     from kinesis_actors.emulator import Emulator
 
     runnable = [b for b in all_blocks() if b.runs]
     assert {b.path for b in runnable} >= {"README.md", "docs/getting-started.md"}, runnable
     with Emulator() as emu:
+        exports = readme_exports()
+        assert {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(exports), exports
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-        env.update(AWS_ENDPOINT_URL=emu.endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-                   AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true", PYTHONPATH=str(ROOT))
+        env.update(exports, AWS_ENDPOINT_URL=emu.endpoint, PYTHONPATH=str(ROOT))
         payload = json.dumps([{"path": b.path, "line": b.line, "code": b.code} for b in runnable])
         proc = subprocess.run([sys.executable, "-c", RUNNER], input=payload, capture_output=True, text=True,
                               timeout=240, env=env, cwd=ROOT)

@@ -90,8 +90,6 @@ def test_the_api_reference_documents_every_public_name() -> None:
     assert public <= documented, f"add to docs/reference.md: {sorted(public - documented)}"
 
 
-# Pages whose owners convert them to placeholders themselves; remove a page once it cites only bench/results.json.
-NOT_YET_CONVERTED: set[str] = set()
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 
@@ -126,8 +124,6 @@ def test_every_placeholder_of_the_docs_names_a_figure_of_the_results() -> None:
 def test_no_page_cites_a_run_kept_outside_the_results_file() -> None:
     cites = []
     for page in PAGES:
-        if page.name in NOT_YET_CONVERTED:
-            continue
         for paragraph in re.split(r"\n\s*\n", page.read_text()):
             if re.search(r"bench/runs/|bench/chaos\.json", paragraph) and "bench.fold" not in paragraph:
                 cites.append(f"{page.name}: {paragraph.strip()[:120]}")
