@@ -14,8 +14,8 @@ Fault model:
   commit by an older owner that arrives later is refused by the rule of :mod:`.rounds` (the
   table's optimistic concurrency makes the re-read happen before any retry). A refused shard
   is ``lost`` here: its calls raise :class:`~kinesis_actors.errors.LeaseLostError`.
-* A failed commit is retried (a conflict at once, anything else with capped backoff) with the
-  same rows: nothing staged is dropped unless its shard was refused or released. An attempt
+* A failed commit is retried (:func:`.rounds.land`: a conflict at once, anything else with
+  capped backoff) with the same rows: nothing staged is dropped unless its shard was refused or released. An attempt
   whose outcome is unknown is found again by its commit id, so it never lands twice.
 * Staged bytes are bounded (``max_staged_bytes``): :meth:`stage` waits for a commit to make
   room, so a slow catalog slows reading instead of filling memory; past ``stage_timeout_s`` it
@@ -36,21 +36,17 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ...backoff import Backoff
 from ...clock import Clock, monotonic_s
 from ...errors import InvalidError, LeaseLostError, SinkError
 from ..hooks import Point
-from .backend import CommitConflict, TableBackend
+from .backend import TableBackend
 from .positions import ShardKey, TablePosition
-from .rounds import RoundResult, RoundRunner, RoundShard
+from .rounds import RoundResult, RoundRunner, RoundShard, land
 from .staging import HeldShard, RowsSchema
 
-__all__ = ["TableCommitter", "COMMIT_BACKOFF", "DEFAULT_MAX_STAGED_BYTES"]
+__all__ = ["TableCommitter", "DEFAULT_MAX_STAGED_BYTES"]
 
 log = logging.getLogger("kinesis_actors.sinks.tables")
-
-COMMIT_BACKOFF = Backoff(base_s=0.2, cap_s=5.0, floor_s=0.05)
-"""Waits between attempts of a commit the table or catalog failed (not a conflict), seconds."""
 
 DEFAULT_MAX_STAGED_BYTES = 256 << 20
 """Arrow bytes a committer holds before :meth:`TableCommitter.stage` waits for a commit."""
@@ -351,31 +347,15 @@ class TableCommitter:
         escaping) stops the sink, since a later round would record a position past its rows."""
         self._started_rounds += 1
         shards = self._take()
-        attempt = 0
         finished = False
         try:
-            while shards:
-                try:
-                    result = await self._blocking(self.runner.attempt, shards)
-                except CommitConflict as e:
-                    self.counters["conflicts"] += 1
-                    log.debug("table %s: commit conflict (%s); re-reading the positions", self.name, e)
-                    await self._sleep(0.02 + 0.1 * self._rng())
-                    continue
-                except Exception as e:
-                    if isinstance(e, SinkError) and not e.retriable:
-                        self._fatal = e
-                        log.error("table %s: %s; the sink stops", self.name, e)
-                        return
-                    attempt += 1
-                    self.counters["commit_failures"] += 1
-                    self.counters["last_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                    log.warning("table %s: commit failed (%r); retry %d", self.name, e, attempt)
-                    await self._sleep(COMMIT_BACKOFF.delay_s(attempt, rng=self._rng))
-                    continue
-                self._apply(shards, result)
-                break
+            if shards:
+                self._apply(shards, await land(self.runner, shards, blocking=self._blocking, sleep=self._sleep,
+                                               rng=self._rng, counters=self.counters))
             finished = True
+        except SinkError as e:  # not retriable (land retries the others)
+            self._fatal = e
+            log.error("table %s: %s; the sink stops", self.name, e)
         finally:
             if not finished and self._fatal is None and not self._closing:
                 self._fatal = SinkError(f"table {self.name}: a commit round was interrupted with its rows taken; the "

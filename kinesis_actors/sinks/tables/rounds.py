@@ -20,25 +20,32 @@ attempt of a round:
 4. commits its rows and positions on top of the state it read. The table's optimistic check
    refuses the commit if anything landed since (:class:`~.backend.CommitConflict`): the next
    attempt starts again at step 1, so a fence that landed meanwhile is seen before any retry.
+
+:func:`land` makes the attempts of one round until it lands, with the same rows each time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ... import mutation
+from ...backoff import Backoff
 from ...errors import SinkError
 from ..hooks import Point
 from .backend import CommitConflict, TableBackend
 from .positions import COMMIT_ID_KEY, ShardKey, TablePosition, decode_positions, encode_positions
 
-__all__ = ["RoundShard", "RoundResult", "RoundRunner", "concat_rows"]
+__all__ = ["RoundShard", "RoundResult", "RoundRunner", "concat_rows", "land", "COMMIT_BACKOFF"]
 
 log = logging.getLogger("kinesis_actors.sinks.tables")
+
+COMMIT_BACKOFF = Backoff(base_s=0.2, cap_s=5.0, floor_s=0.05)
+"""Waits between attempts of a commit the table or catalog failed (not a conflict), seconds."""
 
 _NO_FENCE = mutation.register("table_commit_without_fence",
                               "a commit keeps the rows of a shard fenced by a newer owner's lease counter")
@@ -204,3 +211,38 @@ class RoundRunner:
         """One line for the log."""
         drops = ", ".join(f"{k} ({why})" for k, why in sorted(result.dropped.items()))
         return f"{result.rows} rows, {len(result.committed)} shard positions" + (f"; refused: {drops}" if drops else "")
+
+
+async def land(runner: RoundRunner, shards: Mapping[ShardKey, RoundShard], *,
+               blocking: Callable[..., Awaitable[Any]], sleep: Callable[[float], Any],
+               rng: Callable[[], float] = random.random, counters: dict[str, Any] | None = None) -> RoundResult:
+    """Attempt the round ``shards`` until it lands (or is refused shard by shard), same rows each time.
+
+    A conflict is retried after 20-120 ms (the next attempt re-reads the table, so it is cheap
+    and a fence that landed meanwhile is seen); any other failure after :data:`COMMIT_BACKOFF`'s
+    wait for the attempt's number. ``blocking(fn, *args)`` runs one attempt off the event loop;
+    ``counters`` (``conflicts``, ``commit_failures``, ``last_error``) are updated in place.
+
+    Raises:
+        SinkError: a non-retriable one from an attempt (the table is missing and may not be
+            created); the round's rows are not committed.
+    """
+    counters = counters if counters is not None else {"conflicts": 0, "commit_failures": 0, "last_error": None}
+    name = runner.backend.name
+    attempt = 0
+    while True:
+        try:
+            result: RoundResult = await blocking(runner.attempt, shards)
+            return result
+        except CommitConflict as e:
+            counters["conflicts"] += 1
+            log.debug("table %s: commit conflict (%s); re-reading the positions", name, e)
+            await sleep(0.02 + 0.1 * rng())
+        except Exception as e:
+            if isinstance(e, SinkError) and not e.retriable:
+                raise
+            attempt += 1
+            counters["commit_failures"] += 1
+            counters["last_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            log.warning("table %s: commit failed (%r); retry %d", name, e, attempt)
+            await sleep(COMMIT_BACKOFF.delay_s(attempt, rng=rng))
