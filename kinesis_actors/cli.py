@@ -29,6 +29,7 @@ from .console import (
     configure_ray_env,
     console,
     die,
+    install_sigint,
     one_line,
     rate,
     resolve_target,
@@ -97,11 +98,13 @@ def emulator(host: str, port: int, efo: bool) -> None:
             click.echo(f"emulator listening on {endpoint} (Kinesis + DynamoDB); Ctrl-C stops it", err=True)
         sys.stdout.flush()
 
+    undo_sigint = install_sigint()  # "until Ctrl-C", whatever SIGINT disposition and mask were inherited
     try:
         serve(host, port, ready=ready)
     except OSError as exc:
         raise CliError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
     finally:
+        undo_sigint()
         if mock is not None:
             mock.stop()
     click.echo("emulator stopped", err=True)

@@ -1,5 +1,5 @@
 """What the console commands and the demo share: where they talk to (:class:`Target`),
-one-line failures (:class:`CliError`), the terminal, SIGTERM, and Ray on loopback.
+one-line failures (:class:`CliError`), the terminal, SIGTERM and SIGINT, and Ray on loopback.
 
 Nothing here runs at import: Ray's environment defaults are applied by
 :func:`configure_ray_env`, which the console entry point calls before Ray is imported.
@@ -26,8 +26,8 @@ from .clock import monotonic_s
 
 __all__ = ["PROG", "EXIT_FAILED", "EXIT_USAGE", "EXIT_INTERRUPTED", "CliError", "Target", "configure_ray_env",
            "start_ray", "resolve_target", "check_endpoint_url", "check_reachable", "check_service", "aws_call",
-           "console", "install_sigterm", "progress", "terminal_columns", "fmt_float", "rate", "one_line", "die",
-           "describe_exception"]
+           "console", "install_sigterm", "install_sigint", "progress", "terminal_columns", "fmt_float", "rate",
+           "one_line", "die", "describe_exception"]
 
 log = logging.getLogger("kinesis_actors.cli")
 
@@ -287,6 +287,30 @@ def install_sigterm() -> Callable[[], None]:
 
     def undo() -> None:
         signal.signal(signal.SIGTERM, previous)
+
+    return undo
+
+
+def install_sigint() -> Callable[[], None]:
+    """SIGINT raises KeyboardInterrupt in the main thread whatever the process inherited; returns the undo.
+
+    For the commands that run until Ctrl-C (``emulator``, ``demo --keep``). Both a signal's
+    ignored disposition and the signal mask survive ``fork`` and ``exec``: a POSIX shell starts
+    a background job of a non-interactive script (``cmd &``) with SIGINT ignored, Python then
+    installs no KeyboardInterrupt handler, and ``subprocess.Popen`` resets neither (only SIGPIPE
+    and SIGXFSZ). Such a process would ignore Ctrl-C and ``kill -INT`` for ever. So this sets
+    Python's handler (:func:`signal.default_int_handler`) and unblocks SIGINT and SIGTERM in the
+    calling thread, which the kernel then delivers them to. Off the main thread it does nothing
+    (Python sets handlers only there). Raises nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+    def undo() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
     return undo
 

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import signal
 import sys
 import threading
 import time
@@ -36,6 +35,7 @@ from ..console import (
     check_service,
     console,
     fmt_float,
+    install_sigint,
     install_sigterm,
     progress,
     rate,
@@ -187,24 +187,22 @@ class DemoRun:
         if ray.is_initialized():
             ray.shutdown()
             self._say("Ray stopped (its processes are gone; a cluster joined with --ray-address keeps running)")
+        undo_sigint = install_sigint()  # "until Ctrl-C", whatever SIGINT disposition and mask were inherited
         prog = sys.argv[0] if sys.argv and sys.argv[0].endswith(PROG) else PROG
         click.echo(f"\nthe emulator stays up at {self.target.endpoint} until Ctrl-C (Ray does not); the lease table:\n"
                    f"  {prog} leases --table {self.table} --stream {self.opts.stream} --endpoint "
                    f"{self.target.endpoint}\n", err=True)
-        # Woken every 0.5 s: a process-wide SIGINT may be delivered to another thread (Ray's and
-        # the emulator's outlive ray.shutdown()), and Python runs the handler (KeyboardInterrupt)
-        # only when the main thread next runs bytecode; an untimed wait would never see it.
-        # "Until Ctrl-C" is this command's contract: Python's KeyboardInterrupt handler is set here
-        # whatever SIGINT disposition the process inherited (a parent that ignores SIGINT passes on
-        # SIG_IGN, and Python then installs no handler).
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        # Woken every 0.5 s: a process-wide SIGINT may be delivered to another thread (Ray's and the
+        # emulator's outlive ray.shutdown()), and Python runs the handler (KeyboardInterrupt) only
+        # when the main thread next runs bytecode; an untimed wait would not see it.
         forever = threading.Event()
         try:
             while not forever.wait(0.5):
                 pass
         except KeyboardInterrupt:
             self._say("stopping the emulator")
+        finally:
+            undo_sigint()
 
     # -- steps
     def _load_events(self) -> list[tuple[int, bytes, str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,17 @@ def wait_until(predicate: Callable[[], Any], *, timeout_s: float, interval_s: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+_SIGINT_IGNORED_AND_BLOCKED = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                               "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}); os.execv(sys.argv[1], sys.argv[1:])")
+
+
+def as_background_job(command: list[str]) -> list[str]:
+    """``command`` (its first item a path) started the way a script's background job (``cmd &``)
+    starts: SIGINT ignored, and here blocked too; exec keeps both. Whatever the test process
+    inherited, a command that runs until Ctrl-C is then tested in the worst case."""
+    return [sys.executable, "-c", _SIGINT_IGNORED_AND_BLOCKED, *command]
 
 
 def kinesis_client(endpoint: str) -> Any:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.helpers import as_background_job
 from tests.unit.test_flights import _expected_groups  # the independent csv-module reference
 
 pytest.importorskip("pandas")
@@ -299,9 +300,10 @@ def test_the_example_file_names_an_endpoint_that_is_not_running_in_one_line() ->
 @demo_timeout
 def test_demo_keep_leaves_the_emulator_up_and_prints_a_leases_command_that_works() -> None:
     env = dict(os.environ, KINESIS_ACTORS_DEBUG="")
-    demo = subprocess.Popen([*_command(), "demo", "--day", "2013-01-01", "--keep", "--no-progress",
-                             "--ray-address", "local"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, env=env)
+    # started with SIGINT ignored and blocked (as by `cmd &` in a script): --keep still ends on SIGINT
+    demo = subprocess.Popen(as_background_job([*_command(), "demo", "--day", "2013-01-01", "--keep", "--no-progress",
+                                               "--ray-address", "local"]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=env)
     try:
         command = None
         deadline = time.monotonic() + DEMO_DEADLINE_S

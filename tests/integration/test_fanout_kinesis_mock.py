@@ -23,7 +23,7 @@ import ray
 from kinesis_actors import DynamoLeaseStore, KinesisBroker, KinesisStream, StartAt
 from kinesis_actors.fanout import FANOUT_EVENT_RESERVE_BYTES
 
-from .helpers import Collector, create_stream, drain, kinesis_client, wait_until
+from .helpers import Collector, as_background_job, create_stream, drain, kinesis_client, wait_until
 
 pytestmark = [pytest.mark.kinesis_mock, pytest.mark.usefixtures("ray_session")]
 
@@ -236,16 +236,21 @@ def test_cli_emulator_efo_prints_both_endpoints(kinesis_mock: str) -> None:
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "kinesis_actors.cli", "emulator", "--efo", "--port", "0"],
+    # started with SIGINT ignored and blocked (as by `cmd &` in a script): "Ctrl-C stops them" all the same
+    proc = subprocess.Popen(as_background_job([sys.executable, "-m", "kinesis_actors.cli", "emulator", "--efo",
+                                               "--port", "0"]),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None
         kinesis, dynamodb = proc.stdout.readline().strip(), proc.stdout.readline().strip()
         assert kinesis.startswith("http://127.0.0.1:") and dynamodb.startswith("http://127.0.0.1:")
         assert kinesis_client(kinesis).list_streams()["StreamNames"] is not None
-    finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(20)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import signal
 import time
 
 import pytest
@@ -55,3 +56,20 @@ def test_progress_is_a_real_bar_on_a_terminal_with_width_and_nothing_when_off(
     assert isinstance(console.progress(1, "x", "ev", enabled=True), tqdm)
     off = console.progress(1, "x", "ev", enabled=False)
     assert isinstance(off, tqdm) and off.disable
+
+
+def test_install_sigint_lets_ctrl_c_through_an_inherited_ignore_and_block_and_its_undo_puts_them_back() -> None:
+    handler, mask = signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a script's `cmd &` passes on, here with a block too
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        undo = console.install_sigint()
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        undo()
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, handler)
