@@ -351,18 +351,32 @@ def test_two_readers_dying_at_once_rehome_every_lease_without_waiting_for_a_poll
 
 def test_a_lease_poll_during_a_slow_rehome_never_takes_the_shard_twice() -> None:
     """The cause of two redelivered batches after a node loss: while a dead reader's lease
-    was being reopened, a lease poll took the same row again and opened a second reader."""
+    was being reopened, a lease poll took the same row again (its counter rose, the reopened
+    consumer lost the lease and its batch was delivered again). Caught by the redelivery bound
+    (a poll that re-takes leases not yet OPEN fails it on 19 of 20 seeds); every open is also
+    checked as it starts: no live reader holds the shard or is opening it. A respread may move
+    a re-homed shard to the replacement reader once that is ready: a third open, after the
+    source stopped, which both checks allow."""
     async def scenario() -> None:
         kinesis, rows = FakeKinesis(4), InProcessLeaseStore()
         inst = Instance(kinesis, rows, cap=2)
         await finish(inst.clock, inst.core.start(10))
         sleep = inst.clock.sleep
+        opening: collections.Counter[str] = collections.Counter()
+        second_opens: list[tuple[str, float]] = []
         for reader in inst.readers:  # every open from now on is slow: several polls pass meanwhile
             original = reader.core.add
 
             async def slow_add(spec: Any, lease: Any, original: Any = original, **kw: Any) -> Any:
-                await sleep(5 * POLL_S)
-                return await original(spec, lease, **kw)
+                if opening[spec.shard_id] or any(not r.dead and spec.shard_id in r.core.shard_ids()
+                                                 for r in inst.readers):
+                    second_opens.append((spec.shard_id, inst.clock()))
+                opening[spec.shard_id] += 1
+                try:
+                    await sleep(5 * POLL_S)
+                    return await original(spec, lease, **kw)
+                finally:
+                    opening[spec.shard_id] -= 1
 
             reader.core.add = slow_add  # type: ignore[method-assign]
         victim = inst.live_readers()[0]
@@ -372,7 +386,8 @@ def test_a_lease_poll_during_a_slow_rehome_never_takes_the_shard_twice() -> None
             kinesis.publish(1)
             await run_for(inst, POLL_S)
         await until(inst.clock, lambda: all((sid, 12) in inst.seen() for sid in moved), 5, "the moved shards delivering")
-        assert all(inst.adds[sid] == 2 for sid in moved), dict(inst.adds)
+        assert not second_opens, f"opened while a live reader held or was opening it: {second_opens}"
+        assert all(inst.adds[sid] >= 2 for sid in moved), dict(inst.adds)
         live = [r for r in inst.readers if not r.dead]
         hosts = collections.Counter(sid for r in live for sid in r.core.shard_ids())
         assert all(n == 1 for n in hosts.values()), f"one consumer per shard: {hosts}"
