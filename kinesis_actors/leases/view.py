@@ -95,8 +95,9 @@ def _scan_pages(dynamodb: Any, table: str) -> list[dict[str, Any]]:
         return [from_item(item) for page in pages for item in page.get("Items", ())]
     except Exception as e:
         err = translate_aws_error(e, operation="Scan", resource=table)
-        message = f"lease table {table!r} does not exist" if err.aws_code == "ResourceNotFoundException" \
-            else f"lease table {table!r}: {err}"
+        region = getattr(getattr(dynamodb, "meta", None), "region_name", None)
+        message = f"lease table {table!r} does not exist" + (f" in region {region}" if region else "") \
+            if err.aws_code == "ResourceNotFoundException" else f"lease table {table!r}: {err}"
         raise LeaseStoreError(message, aws_code=err.aws_code) from e
 
 

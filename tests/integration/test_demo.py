@@ -264,9 +264,10 @@ def test_publish_and_leases_commands(endpoint: str, unique: str, tmp_path: Path)
     proc, _ = run_cli("leases", "--table", table, "--stream", stream, "--endpoint", endpoint, deadline_s=60)
     assert float(_lease_rows(proc.stdout)[0][-1]) > 0, proc.stdout
 
-    proc, _ = run_cli("leases", "--table", f"missing-{unique}", "--endpoint", endpoint, deadline_s=60)
+    proc, _ = run_cli("leases", "--table", f"missing-{unique}", "--endpoint", endpoint, "--region", "us-east-1",
+                      deadline_s=60)
     _assert_one_line_error(proc)
-    assert f"missing-{unique}" in proc.stderr
+    assert f"'missing-{unique}' does not exist in region us-east-1" in proc.stderr, proc.stderr  # where it looked
 
 
 # --------------------------------------------------------------------------- the first hour
