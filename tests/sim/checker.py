@@ -18,8 +18,11 @@ and issue 38's additions), checked by replaying the history in order.
   parents' records are handled (SPEC 4).
 - ``checkpoint_backwards``: the stored checkpoint never moves backwards but by a seek, which
   removes it (and rewrites ``start_position``) first (SPEC 5).
-- ``not_read``: every readable shard is read again within ``lease + poll + renew + slack``
-  seconds of the faults stopping (SPEC 6 and 7).
+- ``not_read``: every readable shard is read again, or has a batch delivered again, within
+  ``lease + poll + renew + slack`` seconds of the faults stopping (SPEC 6 and 7). A reader
+  retrying a batch the sink refused reads nothing new until it is acknowledged (one batch a
+  shard), and waits up to the sink backoff's 10 s cap between attempts: that shard is owned
+  and worked on, which is what this checks; whether its records get through is ``lost``'s.
 - ``fatal``: no simulated fault but a sink refusing records past their retries fails a
   subscription (a table or Kinesis fault is retried, or costs a lease).
 - ``unbounded_batches``: one reader has at most ``parallelization_factor`` batches of one shard
@@ -29,7 +32,9 @@ and issue 38's additions), checked by replaying the history in order.
   ``parallelization_factor``).
 - ``start_at=LATEST``: only the records published before the shard's first ``LATEST``
   iterator are exempt from the rest; a replacement that re-resolved ``LATEST`` would skip
-  later ones and break ``lost`` (SPEC 9).
+  later ones and break ``lost`` (SPEC 9). When the first owner recorded its ``LATEST`` start
+  (as ``AT_TIMESTAMP``, 5 s early) and lost the lease before it read, the first iterator is
+  the next owner's ``AT_TIMESTAMP`` one: the records before it are the exempt ones.
 """
 
 from __future__ import annotations
@@ -78,13 +83,14 @@ class _Replay:
         self._exemptions()
 
     def _exemptions(self) -> None:
-        """Records never to be delivered: filtered (key ``k0``), or before a LATEST start position."""
+        """Records never to be delivered: filtered (key ``k0``), or before a LATEST start position
+        (the shard's first iterator, LATEST or the AT_TIMESTAMP its recorded start resolves to)."""
         w = self.world
         filtered = w.cfg.controls.get("record_filter") is not None
         skipped: dict[str, int] = {}  # shard -> records before its first LATEST iterator (never to be read)
         for _, kind, f in w.history.events:
             if kind == "iterator" and f["shard"] not in skipped:
-                skipped[f["shard"]] = f["pos"] if f["type"] == "LATEST" else 0
+                skipped[f["shard"]] = f["pos"] if f["type"] in ("LATEST", "AT_TIMESTAMP") else 0
         for sid, shard in w.kinesis.shards.items():
             for i, r in enumerate(shard.records):
                 seq = int(r["SequenceNumber"])
@@ -239,7 +245,7 @@ def _event(r: _Replay, t: float, kind: str, f: dict[str, Any]) -> None:
 
 
 def _liveness(r: _Replay, events: list[Any]) -> None:
-    """Every shard readable when the faults stop is read (or ends) within the bound after they stop."""
+    """Every shard readable when the faults stop is read or delivered (or ends) within the bound after they stop."""
     w, cfg = r.world, r.cfg
     bound = cfg.lease_s + cfg.poll_s + cfg.renew_s + LIVENESS_SLACK_S
     quiet = next((t for t, kind, _ in events if kind == "quiet"), w.fault_end)
@@ -251,7 +257,7 @@ def _liveness(r: _Replay, events: list[Any]) -> None:
     for t, kind, f in events:
         if kind == "write" and f["checkpoint"] == SHARD_END:
             ended_at.setdefault(f["shard"], t)
-        elif kind == "read" and t >= quiet:
+        elif kind in ("read", "deliver") and t >= quiet:
             first_read.setdefault(f["shard"], t)
     for sid, shard in w.kinesis.shards.items():
         if not all(ended_at.get(p, float("inf")) <= quiet for p in shard.parents):

@@ -118,10 +118,11 @@ class Faults:
         a pause set by :meth:`aimed` (a stop-the-world GC, a VM migration), taken by its next
         checkpoint write only. Meanwhile its renewals queue behind that write (the lease keeper
         serialises writes), so the lease expires and is taken; the checkpoint then reaches a row
-        it no longer holds and is refused. 0.0 when none is due."""
+        it no longer holds and is refused. 0.0 when none is due. Like every fault, a pause ends
+        when the faults stop (the liveness check's window opens then)."""
         if who not in self.pauses or getattr(getattr(call, "func", call), "__name__", "") != "checkpoint":
             return 0.0
-        return self.pauses.pop(who)
+        return min(self.pauses.pop(who), max(0.0, self.world.fault_end - self.world.now()))
 
     def _note(self, action: str, **fields: Any) -> None:
         self.world.history.add("fault", action=action, **fields)
