@@ -30,9 +30,10 @@ Update = Callable[[], Coroutine[Any, Any, None]]
 @dataclasses.dataclass
 class _Part:
     update: Update
-    interval_s: Callable[[], float]  # read after each start: a part may space itself out
+    interval_s: Callable[[], float]  # read as each run ends: a part may space itself out by what it measured
     before_running: bool  # runs while the Coordinator is STARTING too
     due: float = 0.0
+    started: float = 0.0
 
 
 class Tick:
@@ -63,7 +64,9 @@ class Tick:
 
     def add(self, name: str, update: Update, interval_s: Callable[[], float], *, first_in_s: float,
             before_running: bool = False) -> None:
-        """Run ``update`` every ``interval_s()`` seconds, the first time ``first_in_s`` after :meth:`start`."""
+        """Run ``update`` every ``interval_s()`` seconds (start to start; read as each run ends, so
+        a run that measured something can space the next one), the first ``first_in_s`` after
+        :meth:`start`."""
         self._parts[name] = _Part(update, interval_s, before_running, due=first_in_s)
 
     @property
@@ -101,12 +104,16 @@ class Tick:
                 if now >= part.due and name not in self._running:
                     task = self._running[name] = self.steps.spawn(self._step(name, part.update), f"step-{name}")
                     task.add_done_callback(functools.partial(self._step_done, name))
-                    part.due = now + part.interval_s()
+                    part.started = now
             waits = [p.due for n, p in active.items() if n not in self._running]
             await self._nap(max(0.0, min(waits, default=now + 1.0) - self._clock()))
 
     def _step_done(self, name: str, _: object) -> None:
+        """The next run of ``name`` is due ``interval_s()`` after this one started, read now: the
+        lease poll's interval follows the read it just timed (``last_read_s``), not the one before."""
         self._running.pop(name, None)
+        part = self._parts[name]
+        part.due = part.started + part.interval_s()
         self._nudge.set()
 
     async def _nap(self, seconds: float) -> None:

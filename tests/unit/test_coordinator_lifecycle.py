@@ -148,6 +148,37 @@ def test_the_tick_runs_each_part_when_due_never_twice_at_once_and_counts_failure
     asyncio.run(scenario())
 
 
+def test_a_part_is_spaced_by_the_interval_its_own_run_measured() -> None:
+    """The lease poll spaces itself by its last read's time: the gap after a run is the interval
+    as that run left it (a slow read spaces the next poll; the first fast read after it, the one
+    after), not the interval before the run."""
+    from kinesis_actors.coordinator.tick import Tick
+    from kinesis_actors.testing import FakeClock
+
+    async def scenario() -> None:
+        clock, life, counters = FakeClock(), Lifecycle("s"), {}
+        starts: list[float] = []
+        spacing = [1.0]
+
+        async def poll() -> None:
+            starts.append(clock())
+            spacing[0] = 5.0 if len(starts) == 1 else 1.0  # the first read was slow, the others fast
+
+        async def on_fatal(e: BaseException) -> None:
+            raise AssertionError(e)
+
+        tick = Tick("s", lifecycle=life, clock=clock, sleep=clock.sleep, counters=counters, on_fatal=on_fatal)
+        tick.add("poll", poll, lambda: spacing[0], first_in_s=0.0, before_running=True)
+        life.move(S.STARTING)
+        tick.start()
+        await clock.run_for(7.5)
+        gaps = [round(b - a, 1) for a, b in zip(starts, starts[1:])]  # the fake clock naps in 10 ms steps
+        assert gaps == [5.0, 1.0, 1.0], gaps
+        await tick.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_fatal_error_of_a_part_goes_to_on_fatal_not_to_the_failure_count() -> None:
     from kinesis_actors.coordinator.tick import Tick
     from kinesis_actors.testing import FakeClock
