@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import pytest
@@ -172,7 +173,7 @@ def test_a_part_is_spaced_by_the_interval_its_own_run_measured() -> None:
         life.move(S.STARTING)
         tick.start()
         await clock.run_for(7.5)
-        gaps = [round(b - a, 1) for a, b in zip(starts, starts[1:])]  # the fake clock naps in 10 ms steps
+        gaps = [round(b - a, 1) for a, b in itertools.pairwise(starts)]  # the fake clock naps in 10 ms steps
         assert gaps == [5.0, 1.0, 1.0], gaps
         await tick.stop()
 
