@@ -206,7 +206,7 @@ class KclLeaseStore(LeaseRules):
 
         Raises:
             InvalidError / LeaseLostError / LeaseStoreError: as :meth:`LeaseRules.release`
-            (LeaseStoreError from the read too).
+                (LeaseStoreError from the read too).
         """
         if lease.next_owner and lease.next_owner != lease.owner:
             row = self.get(lease.stream, lease.shard_id)
