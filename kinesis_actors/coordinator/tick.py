@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import math
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -82,7 +83,8 @@ class Tick:
         self._task = asyncio.create_task(self._loop(), name=f"coordinator-{self._name}")
 
     def due_now(self, name: str | None = None) -> None:
-        """Look at what is due at once; with ``name``, run that part at once (if it is not running)."""
+        """Look at what is due at once; with ``name``, run that part at once (if it is running,
+        again as soon as that run ends)."""
         if name is not None:
             part = self._parts[name]
             part.due = min(part.due, self._clock())
@@ -104,16 +106,17 @@ class Tick:
                 if now >= part.due and name not in self._running:
                     task = self._running[name] = self.steps.spawn(self._step(name, part.update), f"step-{name}")
                     task.add_done_callback(functools.partial(self._step_done, name))
-                    part.started = now
+                    part.started, part.due = now, math.inf  # set as it ends, or by due_now meanwhile
             waits = [p.due for n, p in active.items() if n not in self._running]
             await self._nap(max(0.0, min(waits, default=now + 1.0) - self._clock()))
 
     def _step_done(self, name: str, _: object) -> None:
-        """The next run of ``name`` is due ``interval_s()`` after this one started, read now: the
-        lease poll's interval follows the read it just timed (``last_read_s``), not the one before."""
+        """The next run of ``name`` is due ``interval_s()`` after this one started, read now (the
+        lease poll's interval follows the read it just timed, ``last_read_s``, not the one
+        before), or at once if :meth:`due_now` asked for it during this run."""
         self._running.pop(name, None)
         part = self._parts[name]
-        part.due = part.started + part.interval_s()
+        part.due = min(part.due, part.started + part.interval_s())
         self._nudge.set()
 
     async def _nap(self, seconds: float) -> None:

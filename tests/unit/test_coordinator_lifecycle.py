@@ -180,6 +180,36 @@ def test_a_part_is_spaced_by_the_interval_its_own_run_measured() -> None:
     asyncio.run(scenario())
 
 
+def test_due_now_during_a_run_runs_the_part_again_as_that_run_ends() -> None:
+    """A shard ended while a lease poll was under way: the poll asked for at once runs right after
+    the one under way, not a whole interval later."""
+    from kinesis_actors.coordinator.tick import Tick
+    from kinesis_actors.testing import FakeClock
+
+    async def scenario() -> None:
+        clock, life, counters = FakeClock(), Lifecycle("s"), {}
+        starts: list[float] = []
+
+        async def poll() -> None:
+            starts.append(clock())
+            if len(starts) == 1:
+                tick.due_now("poll")  # asked for while this run is under way
+                await clock.sleep(0.5)
+
+        async def on_fatal(e: BaseException) -> None:
+            raise AssertionError(e)
+
+        tick = Tick("s", lifecycle=life, clock=clock, sleep=clock.sleep, counters=counters, on_fatal=on_fatal)
+        tick.add("poll", poll, lambda: 10.0, first_in_s=0.0, before_running=True)
+        life.move(S.STARTING)
+        tick.start()
+        await clock.run_for(2.0)
+        assert [round(t - starts[0], 1) for t in starts] == [0.0, 0.5], starts
+        await tick.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_fatal_error_of_a_part_goes_to_on_fatal_not_to_the_failure_count() -> None:
     from kinesis_actors.coordinator.tick import Tick
     from kinesis_actors.testing import FakeClock
