@@ -14,9 +14,9 @@ iteration calls ``select()`` once, so the cost is two clock reads, a subtraction
 per waiting iteration, O(1), whatever the number of shards: measured +0.11 us on an iteration of
 3.1 us that waits on a timer and +0.03 us on one of 2.0 us that only polls (``python -m
 bench.loop_busy``: medians of 5 x 200,000 iterations of an empty loop, with and without the
-wrapper; 2 cores at load average 4.9; that wrapper also stored the start of the call under way,
-two attribute stores per timed call this one does not make; a re-run at load average 13 was
-noise, -3.0 us). A reader's iteration runs a fetch, a delivery or a filter: far longer.
+wrapper; 2 cores at load average 4.9), with a wrapper that also made two attribute stores per
+timed call: an upper bound for this one. A reader's iteration runs a fetch, a delivery or a
+filter: far longer.
 A periodic lag probe (a timer on the loop, its lateness sampled) was not chosen: it wakes an
 idle loop on every probe, its lateness depends on how long the callbacks queued ahead of it take
 rather than on the share of time they fill, and its resolution is its period.

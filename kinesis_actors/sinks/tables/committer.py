@@ -15,8 +15,9 @@ Fault model:
   table's optimistic concurrency makes the re-read happen before any retry). A refused shard
   is ``lost`` here: its calls raise :class:`~kinesis_actors.errors.LeaseLostError`.
 * A failed commit is retried (:func:`.rounds.land`: a conflict at once, anything else with
-  capped backoff) with the same rows: nothing staged is dropped unless its shard was refused or released. An attempt
-  whose outcome is unknown is found again by its commit id, so it never lands twice.
+  capped backoff) with the same rows: nothing staged is dropped unless its shard was refused
+  or released. An attempt whose outcome is unknown is found again by its commit id, so it
+  never lands twice.
 * Staged bytes are bounded (``max_staged_bytes``): :meth:`stage` waits for a commit to make
   room, so a slow catalog slows reading instead of filling memory; past ``stage_timeout_s`` it
   raises a retriable :class:`~kinesis_actors.errors.SinkError` naming the last commit error.

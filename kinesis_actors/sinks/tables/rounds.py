@@ -221,7 +221,10 @@ async def land(runner: RoundRunner, shards: Mapping[ShardKey, RoundShard], *,
     A conflict is retried after 20-120 ms (the next attempt re-reads the table, so it is cheap
     and a fence that landed meanwhile is seen); any other failure after :data:`COMMIT_BACKOFF`'s
     wait for the attempt's number. ``blocking(fn, *args)`` runs one attempt off the event loop;
-    ``counters`` (``conflicts``, ``commit_failures``, ``last_error``) are updated in place.
+    ``counters`` (``conflicts``, ``commit_failures``, ``last_error``) are updated in place. No
+    attempt limit: the committer's waiters have their own deadlines, and cancelling this (its
+    ``close``) is the other way out. Not :class:`~kinesis_actors.backoff.Retry`: a conflict is
+    not a failure here (no backoff, not counted as one).
 
     Raises:
         SinkError: a non-retriable one from an attempt (the table is missing and may not be
