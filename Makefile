@@ -82,7 +82,7 @@ test-cluster: install  # cluster/: manifests offline; a real `ray start --head` 
 test-chaos: install  # tests/chaos: kill readers, Coordinators, nodes, drivers on a multi-node Ray cluster -> build/chaos.json
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
-test: install lint $(KINESALITE)/node_modules/.installed  # everything .ci/run runs: lint, one pytest session, then the chaos suite's own
+test: install lint sim sim-mutants $(KINESALITE)/node_modules/.installed  # the suites .ci/run runs stage by stage (which also builds the package and the docs site): lint, the simulator, one pytest session, then the chaos suite's own
 	KINESALITE_REQUIRED=1 KINESIS_MOCK_REQUIRED=1 $(BIN)/python -m pytest tests $(PYTEST_ARGS)
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 

@@ -63,9 +63,13 @@ def cli() -> None:
 
 _endpoint_option = click.option(
     "--endpoint", metavar="URL", default=None,
-    help="Endpoint URL of a Kinesis + DynamoDB emulator (default: AWS with the default credential chain).",
+    help="Endpoint URL of a Kinesis + DynamoDB emulator (default: AWS with the default credential chain, "
+         "or AWS_ENDPOINT_URL when set, as boto3 reads it).",
 )  # fmt: skip
-_region_option = click.option("--region", metavar="REGION", default=None, help="AWS region (us-east-1 for emulators).")
+_region_option = click.option(
+    "--region", metavar="REGION", default=None,
+    help="AWS region (default: boto3's, e.g. AWS_DEFAULT_REGION; us-east-1 with --endpoint if none is set).",
+)
 _test_credentials_option = click.option(
     "--test-credentials/--no-test-credentials", default=None,
     help="Use fixed dummy keys (emulators). Default: only for a loopback endpoint without configured credentials.",

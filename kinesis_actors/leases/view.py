@@ -95,9 +95,11 @@ def _scan_pages(dynamodb: Any, table: str) -> list[dict[str, Any]]:
         return [from_item(item) for page in pages for item in page.get("Items", ())]
     except Exception as e:
         err = translate_aws_error(e, operation="Scan", resource=table)
-        region = getattr(getattr(dynamodb, "meta", None), "region_name", None)
-        message = f"lease table {table!r} does not exist" + (f" in region {region}" if region else "") \
-            if err.aws_code == "ResourceNotFoundException" else f"lease table {table!r}: {err}"
+        meta = getattr(dynamodb, "meta", None)
+        where = "".join(f" {label} {value}" for label, value in (("in region", getattr(meta, "region_name", None)),
+                                                                  ("at", getattr(meta, "endpoint_url", None))) if value)
+        message = f"lease table {table!r} does not exist{where}" if err.aws_code == "ResourceNotFoundException" \
+            else f"lease table {table!r}: {err}"
         raise LeaseStoreError(message, aws_code=err.aws_code) from e
 
 

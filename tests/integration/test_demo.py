@@ -267,7 +267,7 @@ def test_publish_and_leases_commands(endpoint: str, unique: str, tmp_path: Path)
     proc, _ = run_cli("leases", "--table", f"missing-{unique}", "--endpoint", endpoint, "--region", "us-east-1",
                       deadline_s=60)
     _assert_one_line_error(proc)
-    assert f"'missing-{unique}' does not exist in region us-east-1" in proc.stderr, proc.stderr  # where it looked
+    assert f"'missing-{unique}' does not exist in region us-east-1 at {endpoint}" in proc.stderr, proc.stderr
 
 
 # --------------------------------------------------------------------------- the first hour
